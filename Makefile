@@ -1,0 +1,54 @@
+# lattice — the two commands a newcomer needs:
+#   make demo   builds everything (installing what is missing) and runs the CPU demo
+#   make test   builds everything (installing what is missing) and runs the whole test suite
+#
+# Variables: PYTHON (default: Debian's /usr/bin/python3, which gets python3-torch),
+# BUILD (build folder), CUDA=AUTO|ON|OFF, DEPS=0 to skip the package install step,
+# JOBS (parallel build jobs).
+
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+BUILD ?= build
+CUDA ?= AUTO
+DEPS ?= 1
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD_TYPE ?= Release
+
+export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
+
+.PHONY: all deps configure build demo test test-cpp test-python bench clean format
+
+all: build
+
+deps:
+ifeq ($(DEPS),1)
+	@scripts/install_deps.sh
+endif
+
+$(BUILD)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DLATTICE_CUDA=$(CUDA) \
+	  -DPython_EXECUTABLE=$(PYTHON)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(PYTHON) -m lattice.demo $(ARGS)
+
+test-cpp: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-python: build
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/oracle tests/python
+
+test: test-cpp test-python
+
+bench: build
+	$(PYTHON) -m lattice.bench $(ARGS)
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')
+
+clean:
+	rm -rf $(BUILD) python/lattice/_lattice*.so

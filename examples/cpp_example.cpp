@@ -1,0 +1,39 @@
+// The C++ API in a few lines: a tiny sparse tensor, a submanifold conv, a strided conv, a
+// transposed conv back onto the input support, and the route decision.
+#include <cstdio>
+#include <vector>
+
+#include <lattice/lattice.h>
+
+int main() {
+  using namespace lattice;
+  // Eight points of a 2x2x2 cube plus one far away, batch 0.
+  std::vector<std::int32_t> c;
+  for (int x = 0; x < 2; ++x)
+    for (int y = 0; y < 2; ++y)
+      for (int z = 0; z < 2; ++z) c.insert(c.end(), {0, x, y, z});
+  c.insert(c.end(), {0, 10, 10, 10});
+  const std::int64_t n = static_cast<std::int64_t>(c.size() / 4);
+  std::vector<float> f(static_cast<std::size_t>(n * 4), 1.0f);
+  SparseTensor x(Array::from_vector(c, {n, 4}), Array::from_vector(f, {n, 4}));
+
+  std::vector<float> w3(27 * 4 * 8, 0.01f);  // (K=27, C_in=4, C_out=8)
+  ops::ConvOptions subm{.kernel_size = {3, 3, 3}};
+  SparseTensor y = ops::subm_conv3d(x, Array::from_vector(w3, {27, 4, 8}), subm);
+
+  std::vector<float> w2(8 * 8 * 16, 0.01f);  // (K=8, C_in=8, C_out=16)
+  ops::ConvOptions down{.kernel_size = {2, 2, 2}, .stride = {2, 2, 2}};
+  SparseTensor z = ops::conv3d(y, Array::from_vector(w2, {8, 8, 16}), down);
+
+  std::vector<float> wt(8 * 16 * 8, 0.01f);
+  SparseTensor u = ops::conv_transpose3d(z, Array::from_vector(wt, {8, 16, 8}), down, nullptr, &y);
+
+  std::printf("x: %lld rows, y: %lld rows, z: %lld rows (stride %d), u: %lld rows (same key as y: %s)\n",
+              static_cast<long long>(x.size()), static_cast<long long>(y.size()),
+              static_cast<long long>(z.size()), z.stride()[0], static_cast<long long>(u.size()),
+              u.key() == y.key() ? "yes" : "no");
+  const ops::ConvPlan plan = ops::plan_conv("subm_conv3d", RelationKind::submanifold, x, subm);
+  std::printf("%s", ops::explain_conv(plan, x.feats(), Array::from_vector(w3, {27, 4, 8})).to_string().c_str());
+  std::printf("%s", backend_info().c_str());
+  return 0;
+}

@@ -1,0 +1,70 @@
+// Route selection: pure policy. For each op a table of routes, each with an admit(problem,
+// caps) predicate returning ok or one reason, and a preference rank. select() is explain().chosen,
+// so the diagnostics can never disagree with what runs. Nothing here throws, allocates device
+// memory or touches tensors.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lattice/route/caps.h"
+#include "lattice/route/problem.h"
+
+namespace lattice {
+
+enum class RouteId {
+  conv_reference,            // src/backend/cpu/conv/reference.cpp
+  conv_pointwise_matmul,     // src/backend/cpu/conv/pointwise_matmul.cpp
+  conv_gather_gemm_scatter,  // src/backend/cpu/conv/gather_gemm_scatter.cpp
+  quantize_reference,        // src/backend/cpu/quantize/reference.cpp
+};
+// Public route names drop the op prefix: "reference", "pointwise_matmul", ...
+std::string_view to_string(RouteId id);
+std::string_view op_family(RouteId id);  // "conv", "quantize"
+// Parses a public route name within an op family ("conv", "quantize").
+std::optional<RouteId> route_from_string(std::string_view family, std::string_view name);
+
+struct Verdict {
+  bool admitted = true;
+  std::string reason;  // why not admitted (empty when admitted)
+  static Verdict ok() { return {}; }
+  static Verdict no(std::string why) { return {false, std::move(why)}; }
+};
+
+struct RouteRow {
+  RouteId id;
+  int rank;         // lower is preferred
+  Verdict verdict;
+};
+
+struct Explanation {
+  std::string op;
+  std::string problem;        // one-line problem summary
+  std::string caps;           // one-line device capabilities summary
+  std::vector<RouteRow> rows; // in rank order
+  std::optional<RouteId> chosen;
+  std::optional<RouteId> forced;  // the route the policy asked for, if any
+  std::string forced_reason;      // why the forced route was rejected (empty if admitted)
+
+  // Rendered table: the chosen route and every rejected route with its reason.
+  std::string to_string() const;
+  const RouteRow* row(RouteId id) const;
+};
+
+struct RoutePolicy {
+  std::optional<RouteId> force;  // run exactly this route, or fail loudly when it is not admitted
+};
+
+Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+Explanation explain(const QuantizeProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+
+template <class Problem>
+std::optional<RouteId> select(const Problem& problem, const DeviceCaps& caps,
+                              const RoutePolicy& policy = {}) {
+  return explain(problem, caps, policy).chosen;
+}
+
+}  // namespace lattice

@@ -1,0 +1,62 @@
+// Relations (SEMANTICS.md "Relations"): who sends to whom, as an edge list plus the views the
+// kernels need. All arrays live on the CPU in this build (CUDA copies come with the CUDA
+// backend). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+
+#include "lattice/core/array.h"
+#include "lattice/core/vocab.h"
+
+namespace lattice {
+
+class CoordinateSet;
+
+class Relation {
+ public:
+  RelationKind kind = RelationKind::submanifold;
+  KernelSpec spec;
+  std::int64_t n_in = 0;
+  std::int64_t n_out = 0;
+  std::int64_t kernel_volume = 1;
+  std::int64_t n_edges = 0;
+  bool identity = false;  // edges are exactly (i, i, 0) for every row
+
+  // Output-major edge list sorted by (out, k): int32 (E) each.
+  Array in_idx, out_idx, k_idx;
+  // CSR over it: int64 (n_out + 1).
+  Array out_ptr;
+  // Per-offset grouping sorted by (k, out): int64 (K + 1) and int32 (E) each.
+  Array k_ptr, k_in, k_out;
+
+  // The N_out x K implicit-GEMM map: int32 (n_out, K), input row or -1. Built on first use.
+  const Array& gemm_map() const;
+  // Row masks: uint64 (n_out, ceil(K / 64)), bit k of row o set iff offset k has an edge.
+  // Built on first use.
+  const Array& row_masks() const;
+
+  double average_active_offsets() const {
+    return n_out ? static_cast<double>(n_edges) / static_cast<double>(n_out) : 0.0;
+  }
+
+ private:
+  friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
+  mutable std::once_flag gemm_once_, masks_once_;
+  mutable Array gemm_map_, row_masks_;
+};
+
+// Builds the output support (when generated) and the relation. `target` must be given for
+// RelationKind::target / transposed_target. `op` names the caller in errors (e.g. an output
+// coordinate that leaves the int32 range). Returned output is null when it equals `input`
+// (submanifold; forward with stride 1 and no expand) or `target`.
+struct BuiltRelation {
+  std::shared_ptr<Relation> relation;
+  std::shared_ptr<CoordinateSet> generated;
+};
+BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, const KernelSpec& spec,
+                             const CoordinateSet* target, std::string_view op);
+
+}  // namespace lattice

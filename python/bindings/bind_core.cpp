@@ -1,0 +1,80 @@
+// Core objects: coordinate sets (identity + relation cache), diagnostics.
+#include "common.h"
+#include "lattice/ops/diagnostics.h"
+#include "lattice/tensor/coordinate_set.h"
+#include "lattice/tensor/relation.h"
+
+namespace lattice::python {
+
+void bind_core(py::module_& m) {
+  py::class_<CoordinateSet, std::shared_ptr<CoordinateSet>>(m, "CoordinateSet")
+      .def_static(
+          "create",
+          [](const py::object& coords, const py::object& stride,
+             std::optional<std::vector<std::int64_t>> batch_counts, bool validate) {
+            Array c = array_from_capsule(coords, "coords");
+            const Int3 s = to_int3(stride, "stride");
+            py::gil_scoped_release release;
+            return CoordinateSet::create(c, s, std::move(batch_counts), validate, "SparseTensor");
+          },
+          py::arg("coords"), py::arg("stride"), py::arg("batch_counts") = py::none(),
+          py::arg("validate") = false)
+      .def_property_readonly("key", &CoordinateSet::key)
+      .def_property_readonly("size", &CoordinateSet::size)
+      .def_property_readonly("stride", [](const CoordinateSet& s) {
+        const Int3 v = s.stride();
+        return py::make_tuple(v[0], v[1], v[2]);
+      })
+      .def_property_readonly("batch_counts", &CoordinateSet::batch_counts)
+      .def("coords", [](const CoordinateSet& s) { return capsule_from_array(s.coords()); })
+      .def("validate", [](const CoordinateSet& s, const std::string& op) {
+        py::gil_scoped_release release;
+        s.index(op);
+      }, py::arg("op") = "SparseTensor")
+      .def("lookup", &CoordinateSet::lookup, py::arg("b"), py::arg("x"), py::arg("y"), py::arg("z"),
+           py::arg("op") = "lookup")
+      .def_property_readonly("cached_relation_count", &CoordinateSet::cached_relation_count);
+
+  py::class_<Relation, std::shared_ptr<Relation>>(m, "Relation")
+      .def_property_readonly("kind", [](const Relation& r) { return std::string(to_string(r.kind)); })
+      .def_readonly("n_in", &Relation::n_in)
+      .def_readonly("n_out", &Relation::n_out)
+      .def_readonly("kernel_volume", &Relation::kernel_volume)
+      .def_readonly("n_edges", &Relation::n_edges)
+      .def_readonly("identity", &Relation::identity)
+      .def("arrays", [](const Relation& r) {
+        py::dict d;
+        d["in_idx"] = capsule_from_array(r.in_idx);
+        d["out_idx"] = capsule_from_array(r.out_idx);
+        d["k_idx"] = capsule_from_array(r.k_idx);
+        d["out_ptr"] = capsule_from_array(r.out_ptr);
+        d["k_ptr"] = capsule_from_array(r.k_ptr);
+        d["k_in"] = capsule_from_array(r.k_in);
+        d["k_out"] = capsule_from_array(r.k_out);
+        return d;
+      }, "Edge list (output-major) and views, as DLPack capsules.")
+      .def("gemm_map", [](const Relation& r) { return capsule_from_array(r.gemm_map()); })
+      .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); });
+
+  m.def("backend_info", &backend_info);
+  m.def("device_caps", [] {
+    const DeviceCaps& c = device_caps();
+    py::dict cpu, cuda, out;
+    cpu["threads"] = c.cpu.threads;
+    cpu["isa"] = c.cpu.isa;
+    cpu["blas"] = c.cpu.blas;
+    cuda["built"] = c.cuda.built;
+    cuda["device_count"] = c.cuda.device_count;
+    cuda["sm"] = c.cuda.sm;
+    cuda["tier"] = std::string(to_string(c.cuda.tier));
+    cuda["name"] = c.cuda.name;
+    cuda["status"] = c.cuda.status;
+    cuda["sm_count"] = c.cuda.sm_count;
+    cuda["shared_memory_per_block"] = c.cuda.shared_memory_per_block;
+    out["cpu"] = cpu;
+    out["cuda"] = cuda;
+    return out;
+  });
+}
+
+}  // namespace lattice::python

@@ -1,0 +1,30 @@
+// Shared helpers of the thin pybind11 bindings: DLPack capsules <-> lattice::Array.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "lattice/core/array.h"
+#include "lattice/core/vocab.h"
+
+namespace lattice::python {
+
+namespace py = pybind11;
+
+// Consumes a "dltensor" capsule (renaming it "used_dltensor" as the protocol requires).
+Array array_from_capsule(const py::object& capsule, const char* what);
+std::optional<Array> optional_array(const py::object& capsule, const char* what);
+// A new "dltensor" capsule owning a reference to `array`'s storage.
+py::capsule capsule_from_array(const Array& array);
+py::object capsule_or_none(const Array& array);
+
+Int3 to_int3(const py::object& v, const char* what);
+
+void bind_core(py::module_& m);
+void bind_conv(py::module_& m);
+void bind_quantize(py::module_& m);
+
+}  // namespace lattice::python

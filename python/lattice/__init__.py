@@ -1,0 +1,15 @@
+"""lattice: sparse voxel tensors for point clouds, with explainable execution routes.
+
+    import torch, lattice
+    x = lattice.SparseTensor(coords, feats)            # coords (N, 4) int32 (b, x, y, z), feats (N, C)
+    y = lattice.ops.subm_conv3d(x, w, kernel_size=3)    # w (C_out, 3, 3, 3, C_in)
+    print(lattice.explain("subm_conv3d", x, w, kernel_size=3))
+"""
+from . import nn, ops
+from ._core import UnsupportedError
+from .explain import backend_info, device_caps, explain
+from .tensor import SparseTensor
+
+__version__ = "0.1.0"
+
+__all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps", "UnsupportedError", "__version__"]

@@ -1,0 +1,61 @@
+"""Loads the compiled core and moves tensors across the DLPack boundary.
+
+The extension (``_lattice``) does not link libtorch: torch tensors cross as DLPack capsules,
+so one build works with any torch that speaks DLPack (Debian's 1.13 and torch 2.x).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.utils.dlpack
+
+try:
+    from . import _lattice as core  # noqa: F401  (re-exported)
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "lattice: the compiled extension `_lattice` is missing or was built for another Python. "
+        "Build it with `make build` (or see README.md)."
+    ) from exc
+
+UnsupportedError = core.UnsupportedError
+
+
+def to_core(t: torch.Tensor) -> Any:
+    """A DLPack capsule viewing ``t`` (no copy). Autograd history is dropped, data is shared."""
+    return torch.utils.dlpack.to_dlpack(t.detach())
+
+
+def from_core(capsule: Any) -> torch.Tensor:
+    """A torch tensor owning the core array behind ``capsule`` (no copy)."""
+    return torch.utils.dlpack.from_dlpack(capsule)
+
+
+def as_tensor(value: Any, what: str, op: str) -> torch.Tensor:
+    """Accepts torch tensors and numpy arrays (wrapped without a copy where possible)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    raise TypeError(f"[{op}] {what}: expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+
+
+def as_triple(value: Any, what: str, op: str) -> tuple[int, int, int]:
+    """An int or a 3-sequence of ints -> (x, y, z)."""
+    if isinstance(value, bool):
+        raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got bool")
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        return (v, v, v)
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got {type(value).__name__}") from None
+    if len(items) != 3 or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+        raise ValueError(f"[{op}] {what}: expected an int or 3 ints, got {tuple(items)!r}")
+    return (int(items[0]), int(items[1]), int(items[2]))
+
+
+def optional_core(t: Optional[torch.Tensor]) -> Any:
+    return None if t is None else to_core(t)

@@ -1,0 +1,48 @@
+"""Public diagnostics: which route runs for a call and why, and what this build can do."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._core import as_tensor, core, to_core
+from .ops import conv as _conv
+
+_KIND = {
+    "conv3d": lambda kw: "target" if kw.get("coordinates") is not None else "forward",
+    "subm_conv3d": lambda kw: "submanifold",
+    "conv_transpose3d": lambda kw: "transposed_target" if kw.get("coordinates") is not None else "transposed",
+    "generative_conv_transpose3d": lambda kw: "generative",
+}
+
+
+def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
+    """The route decision for ``op`` called with these arguments, without running it.
+
+    ``lattice.explain("subm_conv3d", x, w, kernel_size=3)`` takes exactly the arguments of
+    ``lattice.ops.subm_conv3d``; ``pass_`` picks "forward", "input_grad" or "weight_grad".
+    The result prints as a table: the chosen route and every other route with its verdict and,
+    when rejected, the reason. Attributes: ``chosen``, ``rows``, ``problem``, ``caps``.
+    """
+    if op in _KIND:
+        x, weight = args[0], args[1]
+        kw = dict(kwargs)
+        kw.pop("bias", None)
+        if len(args) > 2:
+            pass  # positional bias: not part of the decision
+        p = _conv.plan(op, _KIND[op](kw), x, weight, **kw)
+        return core.explain_conv(p, to_core(x.feats), to_core(weight), pass_)
+    if op == "sparse_quantize":
+        return core.explain_quantize(to_core(as_tensor(args[0], "points", op)))
+    known = ", ".join(sorted([*_KIND, "sparse_quantize"]))
+    raise ValueError(f"[explain] op: expected one of {known}, got {op!r}")
+
+
+def backend_info() -> str:
+    """Build flags, CPU threads/ISA/BLAS and the CUDA status and tier, as text."""
+    return core.backend_info() + f"  torch: {torch.__version__}\n"
+
+
+def device_caps() -> dict:
+    """The capabilities the route layer sees, as a dict (cpu: threads/isa/blas, cuda: built/sm/tier/...)."""
+    return core.device_caps()

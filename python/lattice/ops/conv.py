@@ -1,0 +1,196 @@
+"""Sparse convolutions (SEMANTICS.md "Convolution").
+
+``Y[o] = sum over edges (i, o, k) of X[i] @ W[k] (+ bias)``. Weights are
+``(C_out, Kx, Ky, Kz, C_in)`` (dense layout) or ``(K, C_in, C_out)`` (kernel-major, as TorchSparse /
+MinkowskiEngine). Features and weight share one float dtype; float16/bfloat16 accumulate in float32.
+Every function is differentiable in features, weight and bias.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from .._core import as_triple, core
+from ..autograd import ConvFunction
+from ..tensor import SparseTensor
+
+IntOr3 = Union[int, Sequence[int]]
+
+
+def _kernel_size(op: str, weight: torch.Tensor, kernel_size: Optional[IntOr3]) -> tuple[int, int, int]:
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"[{op}] weight: expected a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() == 5:
+        from_weight = tuple(int(v) for v in weight.shape[1:4])
+        if kernel_size is None:
+            return from_weight  # type: ignore[return-value]
+        ks = as_triple(kernel_size, "kernel_size", op)
+        if ks != from_weight:
+            raise ValueError(
+                f"[{op}] weight: expected (C_out, {ks[0]}, {ks[1]}, {ks[2]}, C_in) for kernel_size={ks}, "
+                f"got {tuple(weight.shape)}"
+            )
+        return ks
+    if kernel_size is None:
+        raise ValueError(
+            f"[{op}] kernel_size: expected a kernel size for a weight of shape {tuple(weight.shape)} "
+            "(only a (C_out, Kx, Ky, Kz, C_in) weight implies it), got None"
+        )
+    return as_triple(kernel_size, "kernel_size", op)
+
+
+def _check_input(op: str, x: Any, what: str = "input") -> SparseTensor:
+    if not isinstance(x, SparseTensor):
+        raise TypeError(f"[{op}] {what}: expected a lattice.SparseTensor, got {type(x).__name__}")
+    return x
+
+
+def plan(
+    op: str,
+    kind: str,
+    x: SparseTensor,
+    weight: torch.Tensor,
+    *,
+    kernel_size: Optional[IntOr3],
+    stride: IntOr3 = 1,
+    padding: IntOr3 = 0,
+    dilation: IntOr3 = 1,
+    expand: bool = False,
+    coordinates: Optional[SparseTensor] = None,
+    route: Optional[str] = None,
+    deterministic: bool = True,
+    allow_tf32: bool = False,
+) -> Any:
+    """Validates geometry and builds (or fetches from the cache) the relation of one conv call."""
+    _check_input(op, x)
+    ks = _kernel_size(op, weight, kernel_size)
+    target = None
+    if coordinates is not None:
+        target = _check_input(op, coordinates, "coordinates")._cs
+    if route is not None and not isinstance(route, str):
+        raise TypeError(f"[{op}] route: expected a route name (str) or None, got {type(route).__name__}")
+    return core.plan_conv(
+        op, kind, x._cs, ks, as_triple(stride, "stride", op), as_triple(padding, "padding", op),
+        as_triple(dilation, "dilation", op), bool(expand), bool(deterministic), bool(allow_tf32), route, target,
+    )
+
+
+def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], op: str) -> SparseTensor:
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"[{op}] bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    feats = ConvFunction.apply(x.feats, weight, bias, p)
+    if p.output.key == x.key:
+        return x.replace_feats(feats)
+    return SparseTensor._from_core(p.output, feats)
+
+
+def conv3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    kernel_size: Optional[IntOr3] = None,
+    stride: IntOr3 = 1,
+    padding: IntOr3 = 0,
+    dilation: IntOr3 = 1,
+    coordinates: Optional[SparseTensor] = None,
+    expand: bool = False,
+    route: Optional[str] = None,
+    deterministic: bool = True,
+    allow_tf32: bool = False,
+) -> SparseTensor:
+    """Forward (strided) sparse convolution.
+
+    Output support: with stride 1 the input rows (same identity); otherwise the unique
+    ``floor_div(coords, stride)`` in first-occurrence order (``expand=True``: every output whose
+    window holds an input). With ``coordinates=target`` the output is exactly the target's rows
+    (the target must carry the output stride). Output stride = input stride * stride.
+
+    Args:
+        input: SparseTensor (N_in, C_in).
+        weight: (C_out, Kx, Ky, Kz, C_in) or (K, C_in, C_out), same dtype as the features.
+        bias: optional (C_out,).
+        kernel_size: int or 3 ints; implied by a 5-D weight, required for a 3-D one.
+        stride, padding, dilation: int or 3 ints (>= 1, >= 0, >= 1).
+        coordinates: optional target SparseTensor.
+        expand: spconv-style output growth (no target only).
+        route: force a route by name ("reference", "gather_gemm_scatter", ...); raises when the
+            route is not admitted for this problem.
+    """
+    kind = "target" if coordinates is not None else "forward"
+    p = plan("conv3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,
+             dilation=dilation, expand=expand, coordinates=coordinates, route=route,
+             deterministic=deterministic, allow_tf32=allow_tf32)
+    return _run(p, input, weight, bias, "conv3d")
+
+
+def subm_conv3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    kernel_size: Optional[IntOr3] = None,
+    dilation: IntOr3 = 1,
+    route: Optional[str] = None,
+    deterministic: bool = True,
+    allow_tf32: bool = False,
+) -> SparseTensor:
+    """Submanifold convolution: output rows are the input rows (same identity); odd kernels only."""
+    p = plan("subm_conv3d", "submanifold", input, weight, kernel_size=kernel_size, dilation=dilation,
+             route=route, deterministic=deterministic, allow_tf32=allow_tf32)
+    return _run(p, input, weight, bias, "subm_conv3d")
+
+
+def conv_transpose3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    kernel_size: Optional[IntOr3] = None,
+    stride: IntOr3 = 1,
+    padding: IntOr3 = 0,
+    dilation: IntOr3 = 1,
+    coordinates: Optional[SparseTensor] = None,
+    route: Optional[str] = None,
+    deterministic: bool = True,
+    allow_tf32: bool = False,
+) -> SparseTensor:
+    """Transposed sparse convolution (indexed offsets ``0..K-1`` times dilation).
+
+    Without ``coordinates`` the output is the unique ``coords*stride + offset - padding`` in
+    first-occurrence order; with ``coordinates=target`` (typically the skip connection of a U-Net)
+    it is exactly the target's rows and identity. Output stride = input stride / stride (exact).
+    """
+    kind = "transposed_target" if coordinates is not None else "transposed"
+    p = plan("conv_transpose3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,
+             dilation=dilation, coordinates=coordinates, route=route, deterministic=deterministic,
+             allow_tf32=allow_tf32)
+    return _run(p, input, weight, bias, "conv_transpose3d")
+
+
+def generative_conv_transpose3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    kernel_size: Optional[IntOr3] = None,
+    stride: IntOr3 = 1,
+    dilation: IntOr3 = 1,
+    route: Optional[str] = None,
+    deterministic: bool = True,
+    allow_tf32: bool = False,
+) -> SparseTensor:
+    """Generative transposed convolution: every child ``coords*stride + offset`` (deduplicated)."""
+    p = plan("generative_conv_transpose3d", "generative", input, weight, kernel_size=kernel_size, stride=stride,
+             dilation=dilation, route=route, deterministic=deterministic, allow_tf32=allow_tf32)
+    return _run(p, input, weight, bias, "generative_conv_transpose3d")
+
+
+# op name -> (relation kind chooser, accepted keywords), used by lattice.explain
+CONV_OPS = {
+    "conv3d": conv3d,
+    "subm_conv3d": subm_conv3d,
+    "conv_transpose3d": conv_transpose3d,
+    "generative_conv_transpose3d": generative_conv_transpose3d,
+}

@@ -1,0 +1,153 @@
+"""lattice.SparseTensor: coordinates, features and the identity that caches relations."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from ._core import as_tensor, as_triple, core, from_core, to_core
+
+Stride = Union[int, Sequence[int]]
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+class SparseTensor:
+    """A sparse voxel tensor: ``coords`` (N, 4) int32 rows ``(batch, x, y, z)`` and ``feats`` (N, C).
+
+    Coordinates are logical lattice indices at ``stride`` (``physical = logical * stride``);
+    negative values are valid. Rows must be unique: ``validate=True`` checks now, otherwise the
+    first op that builds a coordinate index checks and raises ``ValueError``.
+
+    The tensor's coordinate identity (``key``) is what relations are cached under: tensors made by
+    feature-only ops (``replace_feats``, nn.BatchNorm, nn.ReLU, ...) share it, ops that change rows
+    get a new one. Equal coordinate values in different arrays are different identities.
+
+    Args:
+        coords: (N, 4) integer tensor or numpy array (int32, or int64 within the int32 range).
+        feats: (N, C) float tensor or numpy array (float16, bfloat16, float32; float64 for tests).
+        stride: tensor stride, an int or 3 ints (default 1).
+        batch_counts: optional rows per batch (sums to N; empty batches allowed).
+        validate: check unique rows now.
+    """
+
+    __slots__ = ("_coords", "_feats", "_cs")
+
+    def __init__(
+        self,
+        coords: Any,
+        feats: Any,
+        stride: Stride = 1,
+        batch_counts: Optional[Sequence[int]] = None,
+        *,
+        validate: bool = False,
+        _coordinate_set: Any = None,
+    ) -> None:
+        op = "SparseTensor"
+        if _coordinate_set is not None:
+            self._cs = _coordinate_set
+            self._coords = coords
+        else:
+            c = as_tensor(coords, "coords", op)
+            if c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
+                raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}")
+            if c.dim() != 2 or c.shape[1] != 4:
+                raise ValueError(f"[{op}] coords: expected shape (N, 4) (batch, x, y, z), got {tuple(c.shape)}")
+            if c.dtype != torch.int32:
+                if c.numel() and (int(c.min()) < _INT32_MIN or int(c.max()) > _INT32_MAX):
+                    raise ValueError(
+                        f"[{op}] coords: expected values within int32 [-2147483648, 2147483647], "
+                        f"got range [{int(c.min())}, {int(c.max())}]"
+                    )
+                c = c.to(torch.int32)
+            c = c.contiguous()
+            s = as_triple(stride, "stride", op)
+            counts = None
+            if batch_counts is not None:
+                counts = [int(v) for v in (batch_counts.tolist() if hasattr(batch_counts, "tolist") else batch_counts)]
+            self._cs = core.CoordinateSet.create(to_core(c), s, counts, validate)
+            self._coords = c
+        f = as_tensor(feats, "feats", op)
+        if not f.dtype.is_floating_point:
+            raise TypeError(f"[{op}] feats: expected a float tensor (float16, bfloat16, float32, float64), got {f.dtype}")
+        if f.dim() != 2 or f.shape[0] != self._cs.size:
+            raise ValueError(f"[{op}] feats: expected shape (N={self._cs.size}, C), got {tuple(f.shape)}")
+        if f.device != self._coords.device:
+            raise ValueError(f"[{op}] feats: expected the device of coords ({self._coords.device}), got {f.device}")
+        self._feats = f
+
+    # -- construction helpers -------------------------------------------------------------------
+    @classmethod
+    def _from_core(cls, coordinate_set: Any, feats: torch.Tensor) -> "SparseTensor":
+        coords = from_core(coordinate_set.coords())
+        return cls(coords, feats, _coordinate_set=coordinate_set)
+
+    def replace_feats(self, feats: torch.Tensor) -> "SparseTensor":
+        """Same coordinates and identity, new features (N, C')."""
+        return SparseTensor(self._coords, feats, _coordinate_set=self._cs)
+
+    # -- properties -------------------------------------------------------------------------------
+    @property
+    def coords(self) -> torch.Tensor:
+        """(N, 4) int32 ``(batch, x, y, z)`` at this tensor's stride."""
+        return self._coords
+
+    @property
+    def feats(self) -> torch.Tensor:
+        """(N, C) features; row i belongs to ``coords[i]``."""
+        return self._feats
+
+    @property
+    def F(self) -> torch.Tensor:  # noqa: N802 - MinkowskiEngine / TorchSparse spelling
+        return self._feats
+
+    @property
+    def C(self) -> torch.Tensor:  # noqa: N802
+        return self._coords
+
+    @property
+    def stride(self) -> tuple[int, int, int]:
+        return tuple(self._cs.stride)
+
+    @property
+    def batch_counts(self) -> Optional[list[int]]:
+        return self._cs.batch_counts
+
+    @property
+    def key(self) -> int:
+        """Coordinate identity: equal keys mean the same coordinate set (and shared relations)."""
+        return self._cs.key
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self._feats.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._feats.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._feats.device
+
+    def __len__(self) -> int:
+        return int(self._cs.size)
+
+    def validate(self) -> "SparseTensor":
+        """Raises ValueError when coordinate rows repeat; returns self."""
+        self._cs.validate("SparseTensor")
+        return self
+
+    def to(self, dtype: torch.dtype) -> "SparseTensor":
+        """Features cast to ``dtype`` (same coordinates and identity)."""
+        return self.replace_feats(self._feats.to(dtype))
+
+    def detach(self) -> "SparseTensor":
+        return self.replace_feats(self._feats.detach())
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "
+            f"dtype={self._feats.dtype}, device={self._feats.device}, key={self.key})"
+        )

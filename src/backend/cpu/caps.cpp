@@ -1,0 +1,29 @@
+#include "backend/cpu/caps.h"
+
+#include <omp.h>
+
+#ifndef LATTICE_BLAS_NAME
+#define LATTICE_BLAS_NAME "blas"
+#endif
+
+namespace lattice::backend::cpu {
+
+CpuCaps query_cpu_caps() {
+  CpuCaps caps;
+  caps.threads = omp_get_max_threads();
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) caps.isa = "avx512f";
+  else if (__builtin_cpu_supports("avx2")) caps.isa = "avx2";
+  else if (__builtin_cpu_supports("sse4.2")) caps.isa = "sse4.2";
+  else caps.isa = "generic";
+#elif defined(__aarch64__)
+  caps.isa = "neon";
+#else
+  caps.isa = "generic";
+#endif
+  caps.blas = LATTICE_BLAS_NAME;
+  return caps;
+}
+
+}  // namespace lattice::backend::cpu

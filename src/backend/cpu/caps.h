@@ -1,0 +1,10 @@
+// CPU capabilities (threads, vector ISA, BLAS) for DeviceCaps.
+#pragma once
+
+#include "lattice/route/caps.h"
+
+namespace lattice::backend::cpu {
+
+CpuCaps query_cpu_caps();
+
+}  // namespace lattice::backend::cpu

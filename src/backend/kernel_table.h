@@ -1,0 +1,36 @@
+// Kernel table: maps a route id to the backend functions that run it, and reports device
+// capabilities. The semantic layer includes only this header (and args.h) from backend/.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/args.h"
+#include "lattice/core/array.h"
+#include "lattice/route/caps.h"
+#include "lattice/route/route.h"
+
+namespace lattice::backend {
+
+using ConvFn = void (*)(const ConvArgs&);
+struct ConvKernels {
+  ConvFn forward = nullptr;
+  ConvFn input_grad = nullptr;
+  ConvFn weight_grad = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const ConvKernels* find_conv_kernels(RouteId id);
+
+struct QuantizeResult {
+  Array coords;                      // (M, 4) int32, unique, first-occurrence order
+  Array inverse;                     // (P) int64, point -> voxel row
+  Array counts;                      // (M) int64, points per voxel
+  std::int64_t first_invalid = -1;   // first point with NaN/inf (nothing else filled when >= 0)
+  std::int64_t first_overflow = -1;  // first point whose voxel index leaves int32
+};
+using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
+QuantizeFn find_quantize_kernel(RouteId id);
+
+// Capabilities of this process's devices (queried once, then cached).
+const DeviceCaps& device_caps();
+
+}  // namespace lattice::backend

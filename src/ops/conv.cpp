@@ -1,0 +1,393 @@
+// Semantic layer of the convolution family: validates arguments, builds or fetches relations,
+// fills a ConvProblem, asks the route layer, and calls the chosen kernel from the kernel table.
+#include "lattice/ops/conv.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/kernel_table.h"
+#include "lattice/core/error.h"
+#include "ops/common.h"
+
+namespace lattice::ops {
+
+namespace {
+
+void check_geometry(std::string_view op, const ConvOptions& o, RelationKind kind) {
+  auto all = [](const Int3& v, auto pred) { return pred(v[0]) && pred(v[1]) && pred(v[2]); };
+  if (!all(o.kernel_size, [](int v) { return v >= 1; }))
+    throw_value_error(op, "kernel_size", "sizes >= 1", to_string(o.kernel_size));
+  if (!all(o.stride, [](int v) { return v >= 1; }))
+    throw_value_error(op, "stride", "strides >= 1", to_string(o.stride));
+  if (!all(o.padding, [](int v) { return v >= 0; }))
+    throw_value_error(op, "padding", "paddings >= 0", to_string(o.padding));
+  if (!all(o.dilation, [](int v) { return v >= 1; }))
+    throw_value_error(op, "dilation", "dilations >= 1", to_string(o.dilation));
+  if (o.expand && kind != RelationKind::forward)
+    throw_value_error(op, "expand", "False (expand applies to conv3d without a target)", "True");
+  if (kind == RelationKind::submanifold) {
+    if (!all(o.kernel_size, [](int v) { return v % 2 == 1; }))
+      throw_value_error(op, "kernel_size", "odd sizes on every axis for a submanifold convolution",
+                        to_string(o.kernel_size));
+    if (o.stride != Int3{1, 1, 1})
+      throw_value_error(op, "stride", "(1, 1, 1) for a submanifold convolution", to_string(o.stride));
+  }
+  if (kind == RelationKind::generative && o.padding != Int3{0, 0, 0})
+    throw_value_error(op, "padding", "(0, 0, 0) for a generative convolution", to_string(o.padding));
+  if (o.kernel_size[0] * static_cast<std::int64_t>(o.kernel_size[1]) * o.kernel_size[2] > (1 << 20))
+    throw_value_error(op, "kernel_size", "a kernel volume <= 2^20", to_string(o.kernel_size));
+}
+
+Int3 output_stride(std::string_view op, RelationKind kind, Int3 in, Int3 s) {
+  Int3 out{};
+  for (int a = 0; a < 3; ++a) {
+    if (is_transposed_kind(kind)) {
+      if (in[a] % s[a] != 0)
+        throw_value_error(op, "stride",
+                          "a divisor of the input tensor stride " + to_string(in) +
+                              " (output stride = input stride / stride)",
+                          to_string(s));
+      out[a] = in[a] / s[a];
+    } else {
+      const std::int64_t v = static_cast<std::int64_t>(in[a]) * s[a];
+      if (v > 2147483647)
+        throw_value_error(op, "stride", "an output tensor stride within int32", std::to_string(v));
+      out[a] = static_cast<std::int32_t>(v);
+    }
+  }
+  return out;
+}
+
+backend::RelationView view_of(const Relation& r) {
+  backend::RelationView v;
+  v.n_in = r.n_in;
+  v.n_out = r.n_out;
+  v.kernel_volume = r.kernel_volume;
+  v.n_edges = r.n_edges;
+  v.in_idx = r.in_idx.data<std::int32_t>();
+  v.out_idx = r.out_idx.data<std::int32_t>();
+  v.k_idx = r.k_idx.data<std::int32_t>();
+  v.out_ptr = r.out_ptr.data<std::int64_t>();
+  v.k_ptr = r.k_ptr.data<std::int64_t>();
+  v.k_in = r.k_in.data<std::int32_t>();
+  v.k_out = r.k_out.data<std::int32_t>();
+  v.identity = r.identity;
+  return v;
+}
+
+// Checked weight: the canonical (K, C_in, C_out) contiguous copy/view plus the caller's layout.
+struct CheckedWeight {
+  Array kernel_major;
+  WeightLayout layout = WeightLayout::kernel_major;
+  std::int64_t c_out = 0;
+};
+
+CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array& weight) {
+  const std::string_view op = plan.op;
+  const Int3& k = plan.spec.size;
+  const std::int64_t kv = plan.spec.volume();
+  if (!feats.defined()) throw_value_error(op, "feats", "an (N, C_in) float array", "nothing");
+  if (!is_floating(feats.dtype()))
+    throw_type_error(op, "feats", "float16, bfloat16, float32 or float64", to_string(feats.dtype()));
+  if (feats.ndim() != 2 || feats.dim(0) != plan.relation->n_in)
+    throw_value_error(op, "feats", "shape (N_in=" + std::to_string(plan.relation->n_in) + ", C_in)",
+                      format_shape(feats.shape()));
+  const std::int64_t c_in = feats.dim(1);
+  if (feats.device() != plan.input->coords().device())
+    throw_value_error(op, "feats", "the device of coords (" + to_string(plan.input->coords().device()) + ")",
+                      to_string(feats.device()));
+  if (!weight.defined()) throw_value_error(op, "weight", "a weight array", "nothing");
+  if (weight.dtype() != feats.dtype())
+    throw_type_error(op, "weight", std::string(to_string(feats.dtype())) + " (the dtype of feats)",
+                     to_string(weight.dtype()));
+  if (weight.device() != feats.device())
+    throw_value_error(op, "weight", "the device of feats (" + to_string(feats.device()) + ")",
+                      to_string(weight.device()));
+  const std::string expected = "(C_out, " + std::to_string(k[0]) + ", " + std::to_string(k[1]) + ", " +
+                               std::to_string(k[2]) + ", C_in=" + std::to_string(c_in) + ") or (" +
+                               std::to_string(kv) + ", C_in=" + std::to_string(c_in) + ", C_out)";
+  CheckedWeight out;
+  if (weight.ndim() == 5) {
+    if (weight.dim(1) != k[0] || weight.dim(2) != k[1] || weight.dim(3) != k[2] || weight.dim(4) != c_in)
+      throw_value_error(op, "weight", expected, format_shape(weight.shape()));
+    out.layout = WeightLayout::dense;
+    out.c_out = weight.dim(0);
+    out.kernel_major = weight_dense_to_kernel_major(weight);
+  } else if (weight.ndim() == 3) {
+    if (weight.dim(0) != kv || weight.dim(1) != c_in)
+      throw_value_error(op, "weight", expected, format_shape(weight.shape()));
+    out.layout = WeightLayout::kernel_major;
+    out.c_out = weight.dim(2);
+    out.kernel_major = weight.contiguous();
+  } else {
+    throw_value_error(op, "weight", expected, format_shape(weight.shape()));
+  }
+  return out;
+}
+
+ConvProblem make_problem(const ConvPlan& plan, const Array& feats, std::int64_t c_out, ConvPass pass) {
+  ConvProblem p;
+  p.op = plan.op;
+  p.relation = plan.kind;
+  p.pass = pass;
+  p.dtype = feats.dtype();
+  p.device = feats.device();
+  p.n_in = plan.relation->n_in;
+  p.n_out = plan.relation->n_out;
+  p.c_in = feats.dim(1);
+  p.c_out = c_out;
+  p.kernel_volume = plan.relation->kernel_volume;
+  p.n_edges = plan.relation->n_edges;
+  p.identity_relation = plan.relation->identity;
+  p.deterministic = plan.options.deterministic;
+  p.allow_tf32 = plan.options.allow_tf32;
+  return p;
+}
+
+const backend::ConvKernels& choose(const ConvPlan& plan, const ConvProblem& problem) {
+  const Explanation e = explain(problem, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
+  const RouteId id = chosen_or_throw(e);
+  const backend::ConvKernels* k = backend::find_conv_kernels(id);
+  LATTICE_ASSERT(k != nullptr, "admitted conv route has no kernels in this build");
+  return *k;
+}
+
+// Column sums of grad_out (n_out, C_out) -> (C_out), accumulated in f32 (f64 for f64).
+Array bias_grad(const Array& dy) {
+  Array g = Array::empty({dy.dim(1)}, dy.dtype());
+  dispatch_float(dy.dtype(), "conv3d", "grad_out", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* src = dy.data<T>();
+    T* dst = g.data<T>();
+    const std::int64_t n = dy.dim(0), c = dy.dim(1);
+    std::vector<Accum<T>> acc(static_cast<std::size_t>(c), Accum<T>(0));
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < c; ++j) acc[static_cast<std::size_t>(j)] += load(src[i * c + j]);
+    for (std::int64_t j = 0; j < c; ++j) dst[j] = store<T>(acc[static_cast<std::size_t>(j)]);
+  });
+  return g;
+}
+
+}  // namespace
+
+ConvPlan plan_conv(std::string_view op, RelationKind kind, const SparseTensor& x,
+                   const ConvOptions& options, const SparseTensor* target) {
+  return plan_conv(op, kind, x.coordinate_set(), options,
+                   target ? target->coordinate_set() : std::shared_ptr<CoordinateSet>{});
+}
+
+ConvPlan plan_conv(std::string_view op, RelationKind kind, const std::shared_ptr<CoordinateSet>& x,
+                   const ConvOptions& options, const std::shared_ptr<CoordinateSet>& target) {
+  check_geometry(op, options, kind);
+  const bool needs_target = kind == RelationKind::target || kind == RelationKind::transposed_target;
+  if (needs_target && !target)
+    throw_value_error(op, "coordinates", "a target SparseTensor for a target relation", "None");
+  if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
+  if (!x->coords().device().is_cpu())
+    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (relation building on " +
+                           to_string(x->coords().device()) + " comes with the CUDA backend), got " +
+                           to_string(x->coords().device()));
+  ConvPlan plan;
+  plan.op = std::string(op);
+  plan.kind = kind;
+  plan.options = options;
+  plan.spec.size = options.kernel_size;
+  plan.spec.stride = kind == RelationKind::submanifold ? Int3{1, 1, 1} : options.stride;
+  plan.spec.padding = (kind == RelationKind::submanifold || kind == RelationKind::generative)
+                          ? Int3{0, 0, 0}
+                          : options.padding;
+  plan.spec.dilation = options.dilation;
+  plan.spec.expand = options.expand;
+  const Int3 out_stride = output_stride(op, kind, x->stride(), plan.spec.stride);
+  std::shared_ptr<CoordinateSet> target_set;
+  if (needs_target) {
+    target_set = target;
+    if (target->coords().device() != x->coords().device())
+      throw_value_error(op, "coordinates", "the device of the input (" + to_string(x->coords().device()) + ")",
+                        to_string(target->coords().device()));
+    if (target->stride() != out_stride)
+      throw_value_error(op, "coordinates", "a target at the output stride " + to_string(out_stride),
+                        "stride " + to_string(target->stride()));
+  }
+  auto result = x->relation(kind, plan.spec, target_set, op);
+  plan.relation = result.relation;
+  plan.input = x;
+  plan.output = result.output;
+  LATTICE_ASSERT(plan.output && plan.output->stride() == out_stride, "relation output stride mismatch");
+  return plan;
+}
+
+Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight, const Array* bias) {
+  const CheckedWeight w = check_weight(plan, feats, weight);
+  const Array x = feats.contiguous();
+  Array b;
+  if (bias && bias->defined()) {
+    if (bias->dtype() != feats.dtype())
+      throw_type_error(plan.op, "bias", std::string(to_string(feats.dtype())) + " (the dtype of feats)",
+                       to_string(bias->dtype()));
+    if (bias->ndim() != 1 || bias->dim(0) != w.c_out)
+      throw_value_error(plan.op, "bias", "shape (C_out=" + std::to_string(w.c_out) + ",)",
+                        format_shape(bias->shape()));
+    if (bias->device() != feats.device())
+      throw_value_error(plan.op, "bias", "the device of feats (" + to_string(feats.device()) + ")",
+                        to_string(bias->device()));
+    b = bias->contiguous();
+  }
+  const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::forward);
+  const backend::ConvKernels& k = choose(plan, problem);
+  Array y = Array::empty({plan.relation->n_out, w.c_out}, x.dtype(), x.device());
+  backend::ConvArgs args;
+  args.dtype = x.dtype();
+  args.rel = view_of(*plan.relation);
+  args.c_in = x.dim(1);
+  args.c_out = w.c_out;
+  args.x = x.raw_data();
+  args.w = w.kernel_major.raw_data();
+  args.bias = b.defined() ? b.raw_data() : nullptr;
+  args.y = y.raw_data();
+  k.forward(args);
+  return y;
+}
+
+ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& weight,
+                        const Array& grad_out, ConvGradRequest request) {
+  const CheckedWeight w = check_weight(plan, feats, weight);
+  const Array x = feats.contiguous();
+  if (!grad_out.defined() || grad_out.dtype() != x.dtype())
+    throw_type_error(plan.op, "grad_out", std::string(to_string(x.dtype())) + " (the dtype of feats)",
+                     grad_out.defined() ? to_string(grad_out.dtype()) : "nothing");
+  if (grad_out.ndim() != 2 || grad_out.dim(0) != plan.relation->n_out || grad_out.dim(1) != w.c_out)
+    throw_value_error(plan.op, "grad_out",
+                      "shape (N_out=" + std::to_string(plan.relation->n_out) + ", C_out=" +
+                          std::to_string(w.c_out) + ")",
+                      format_shape(grad_out.shape()));
+  if (grad_out.device() != x.device())
+    throw_value_error(plan.op, "grad_out", "the device of feats (" + to_string(x.device()) + ")",
+                      to_string(grad_out.device()));
+  const Array dy = grad_out.contiguous();
+  backend::ConvArgs args;
+  args.dtype = x.dtype();
+  args.rel = view_of(*plan.relation);
+  args.c_in = x.dim(1);
+  args.c_out = w.c_out;
+  args.x = x.raw_data();
+  args.w = w.kernel_major.raw_data();
+  args.dy = dy.raw_data();
+  ConvGrads grads;
+  if (request.input) {
+    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
+    grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
+    args.dx = grads.input.raw_data();
+    k.input_grad(args);
+  }
+  if (request.weight) {
+    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    Array dw = Array::empty({plan.relation->kernel_volume, x.dim(1), w.c_out}, x.dtype(), x.device());
+    args.dw = dw.raw_data();
+    k.weight_grad(args);
+    grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
+  }
+  if (request.bias) grads.bias = bias_grad(dy);
+  return grads;
+}
+
+Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {
+  const CheckedWeight w = check_weight(plan, feats, weight);
+  return explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
+                 effective_policy(plan.options.policy, "conv"));
+}
+
+SparseTensor conv3d(const SparseTensor& x, const Array& weight, const ConvOptions& options,
+                    const Array* bias, const SparseTensor* target) {
+  const ConvPlan plan =
+      plan_conv("conv3d", target ? RelationKind::target : RelationKind::forward, x, options, target);
+  return SparseTensor(plan.output, conv_forward(plan, x.feats(), weight, bias));
+}
+
+SparseTensor subm_conv3d(const SparseTensor& x, const Array& weight, const ConvOptions& options,
+                         const Array* bias) {
+  const ConvPlan plan = plan_conv("subm_conv3d", RelationKind::submanifold, x, options);
+  return SparseTensor(plan.output, conv_forward(plan, x.feats(), weight, bias));
+}
+
+SparseTensor conv_transpose3d(const SparseTensor& x, const Array& weight, const ConvOptions& options,
+                              const Array* bias, const SparseTensor* target) {
+  const ConvPlan plan = plan_conv("conv_transpose3d",
+                                  target ? RelationKind::transposed_target : RelationKind::transposed, x,
+                                  options, target);
+  return SparseTensor(plan.output, conv_forward(plan, x.feats(), weight, bias));
+}
+
+SparseTensor generative_conv_transpose3d(const SparseTensor& x, const Array& weight,
+                                         const ConvOptions& options, const Array* bias) {
+  const ConvPlan plan = plan_conv("generative_conv_transpose3d", RelationKind::generative, x, options);
+  return SparseTensor(plan.output, conv_forward(plan, x.feats(), weight, bias));
+}
+
+// ---- weight layouts ----------------------------------------------------------------------------
+
+namespace {
+
+// Byte-wise permutation copy: out[k, ci, co] = in[co, k, ci] (or the inverse), any dtype.
+void permute_copy(const Array& in, Array& out, std::int64_t c_out, std::int64_t k, std::int64_t c_in,
+                  bool to_kernel_major) {
+  const std::size_t es = size_of(in.dtype());
+  const char* src = static_cast<const char*>(in.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (std::int64_t co = 0; co < c_out; ++co)
+    for (std::int64_t kk = 0; kk < k; ++kk)
+      for (std::int64_t ci = 0; ci < c_in; ++ci) {
+        const std::int64_t dense = (co * k + kk) * c_in + ci;
+        const std::int64_t km = (kk * c_in + ci) * c_out + co;
+        if (to_kernel_major)
+          std::memcpy(dst + km * static_cast<std::int64_t>(es), src + dense * static_cast<std::int64_t>(es), es);
+        else
+          std::memcpy(dst + dense * static_cast<std::int64_t>(es), src + km * static_cast<std::int64_t>(es), es);
+      }
+}
+
+}  // namespace
+
+Array weight_dense_to_kernel_major(const Array& weight) {
+  if (weight.ndim() != 5)
+    throw_value_error("weight_dense_to_kernel_major", "weight", "(C_out, Kx, Ky, Kz, C_in)",
+                      format_shape(weight.shape()));
+  const Array w = weight.contiguous();
+  const std::int64_t c_out = w.dim(0), k = w.dim(1) * w.dim(2) * w.dim(3), c_in = w.dim(4);
+  Array out = Array::empty({k, c_in, c_out}, w.dtype(), w.device());
+  permute_copy(w, out, c_out, k, c_in, true);
+  return out;
+}
+
+Array weight_kernel_major_to_dense(const Array& weight, Int3 kernel_size) {
+  const std::int64_t kv = static_cast<std::int64_t>(kernel_size[0]) * kernel_size[1] * kernel_size[2];
+  if (weight.ndim() != 3 || weight.dim(0) != kv)
+    throw_value_error("weight_kernel_major_to_dense", "weight",
+                      "(K=" + std::to_string(kv) + ", C_in, C_out)", format_shape(weight.shape()));
+  const Array w = weight.contiguous();
+  const std::int64_t c_in = w.dim(1), c_out = w.dim(2);
+  Array out = Array::empty({c_out, kernel_size[0], kernel_size[1], kernel_size[2], c_in}, w.dtype(), w.device());
+  permute_copy(w, out, c_out, kv, c_in, false);
+  return out;
+}
+
+Array weight_spconv_to_dense(const Array& weight) {
+  if (weight.ndim() != 5)
+    throw_value_error("weight_spconv_to_dense", "weight", "(Kx, Ky, Kz, C_out, C_in)",
+                      format_shape(weight.shape()));
+  const Array w = weight.contiguous();
+  const std::int64_t k = w.dim(0) * w.dim(1) * w.dim(2), c_out = w.dim(3), c_in = w.dim(4);
+  Array out = Array::empty({c_out, w.dim(0), w.dim(1), w.dim(2), c_in}, w.dtype(), w.device());
+  const std::size_t es = size_of(w.dtype());
+  const char* src = static_cast<const char*>(w.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (std::int64_t kk = 0; kk < k; ++kk)
+    for (std::int64_t co = 0; co < c_out; ++co)
+      std::memcpy(dst + ((co * k + kk) * c_in) * static_cast<std::int64_t>(es),
+                  src + ((kk * c_out + co) * c_in) * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(c_in) * es);
+  return out;
+}
+
+}  // namespace lattice::ops

@@ -1,0 +1,90 @@
+#include "lattice/ops/quantize.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/kernel_table.h"
+#include "lattice/core/error.h"
+#include "ops/common.h"
+
+namespace lattice::ops {
+
+namespace {
+
+constexpr std::string_view kOp = "sparse_quantize";
+
+QuantizeProblem make_problem(const Array& points) {
+  QuantizeProblem p;
+  p.dtype = points.dtype();
+  p.device = points.device();
+  p.n_points = points.ndim() >= 1 ? points.dim(0) : 0;
+  return p;
+}
+
+}  // namespace
+
+Explanation explain_quantize(const Array& points) {
+  return explain(make_problem(points), backend::device_caps(), effective_policy({}, "quantize"));
+}
+
+QuantizeOutput sparse_quantize(const Array& points, const QuantizeOptions& options,
+                               const Array* batch_indices) {
+  if (!points.defined()) throw_value_error(kOp, "points", "a (P, 3) float array", "nothing");
+  if (points.dtype() != Dtype::f32 && points.dtype() != Dtype::f64)
+    throw_type_error(kOp, "points", "float32 or float64", to_string(points.dtype()));
+  if (points.ndim() != 2 || points.dim(1) != 3)
+    throw_value_error(kOp, "points", "shape (P, 3)", format_shape(points.shape()));
+  for (int d = 0; d < 3; ++d) {
+    if (!(options.voxel_size[d] > 0) || !std::isfinite(options.voxel_size[d]))
+      throw_value_error(kOp, "voxel_size", "positive finite sizes",
+                        std::to_string(options.voxel_size[d]) + " on axis " + std::to_string(d));
+    if (!std::isfinite(options.origin[d]))
+      throw_value_error(kOp, "origin", "finite values", std::to_string(options.origin[d]));
+  }
+  const std::int64_t n = points.dim(0);
+  Array batch;
+  if (batch_indices && batch_indices->defined()) {
+    const Array& b = *batch_indices;
+    if (b.dtype() != Dtype::i32 && b.dtype() != Dtype::i64)
+      throw_type_error(kOp, "batch_indices", "int32 or int64", to_string(b.dtype()));
+    if (b.ndim() != 1 || b.dim(0) != n)
+      throw_value_error(kOp, "batch_indices", "shape (P=" + std::to_string(n) + ",)", format_shape(b.shape()));
+    if (b.device() != points.device())
+      throw_value_error(kOp, "batch_indices", "the device of points (" + to_string(points.device()) + ")",
+                        to_string(b.device()));
+    const Array bc = b.contiguous();
+    batch = Array::empty({n}, Dtype::i32);
+    auto* dst = batch.data<std::int32_t>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t v = bc.dtype() == Dtype::i32 ? bc.data<std::int32_t>()[i] : bc.data<std::int64_t>()[i];
+      if (v < 0 || v > 2147483647)
+        throw_value_error(kOp, "batch_indices", "values in [0, 2^31)",
+                          std::to_string(v) + " at row " + std::to_string(i));
+      dst[i] = static_cast<std::int32_t>(v);
+    }
+  }
+  const QuantizeProblem problem = make_problem(points);
+  const Explanation e = explain(problem, backend::device_caps(), effective_policy(options.policy, "quantize"));
+  const backend::QuantizeFn fn = backend::find_quantize_kernel(chosen_or_throw(e));
+  LATTICE_ASSERT(fn != nullptr, "admitted quantize route has no kernel in this build");
+  const Array pts = points.contiguous();
+  backend::QuantizeArgs args;
+  args.dtype = pts.dtype();
+  args.n_points = n;
+  args.points = pts.raw_data();
+  args.batch = batch.defined() ? batch.data<std::int32_t>() : nullptr;
+  for (int d = 0; d < 3; ++d) {
+    args.voxel_size[d] = options.voxel_size[d];
+    args.origin[d] = options.origin[d];
+  }
+  backend::QuantizeResult r = fn(args);
+  if (r.first_invalid >= 0)
+    throw_value_error(kOp, "points", "finite values (no NaN or inf)",
+                      "a non-finite value at row " + std::to_string(r.first_invalid));
+  if (r.first_overflow >= 0)
+    throw_value_error(kOp, "points", "voxel indices within int32 (use a larger voxel_size)",
+                      "an out-of-range voxel at row " + std::to_string(r.first_overflow));
+  return {std::move(r.coords), std::move(r.inverse), std::move(r.counts)};
+}
+
+}  // namespace lattice::ops

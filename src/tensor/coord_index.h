@@ -1,0 +1,53 @@
+// Open-addressing hash index over coordinate rows (internal to the tensor layer).
+//
+// Keys are full (batch, x, y, z) int32 rows compared exactly (backend/common/coord_hash.h), so
+// any int32 coordinate is accepted and no two rows can alias. Slots store row numbers; the
+// coordinates themselves stay in the indexed array (kept alive by the index).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "backend/common/coord_hash.h"
+#include "lattice/core/array.h"
+
+namespace lattice {
+
+class CoordIndex {
+ public:
+  // coords: (N, 4) int32 contiguous CPU. Raises ValueError naming `op` and both rows when a
+  // row repeats: "[op] coords: expected unique rows, got row 7 (0, 1, 2, 3) equal to row 2".
+  static std::shared_ptr<const CoordIndex> build(const Array& coords, std::string_view op);
+
+  // Row of `c`, or -1.
+  std::int64_t find(const geometry::Coord4& c) const;
+  std::int64_t size() const { return n_; }
+
+ private:
+  Array coords_;
+  const geometry::Coord4* rows_ = nullptr;
+  std::int64_t n_ = 0;
+  std::uint64_t mask_ = 0;
+  std::vector<std::int32_t> slots_;  // row or -1
+};
+
+// Collects unique coordinates in first-occurrence order (used to generate output supports).
+class UniqueCoordBuilder {
+ public:
+  explicit UniqueCoordBuilder(std::int64_t expected);
+  // Row of `c` in the output, inserting it when new.
+  std::int32_t insert(const geometry::Coord4& c);
+  std::int64_t size() const { return static_cast<std::int64_t>(rows_.size()); }
+  // (M, 4) int32.
+  Array finish() const;
+
+ private:
+  void grow();
+  std::vector<geometry::Coord4> rows_;
+  std::vector<std::int32_t> slots_;
+  std::uint64_t mask_ = 0;
+};
+
+}  // namespace lattice
