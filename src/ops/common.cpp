@@ -21,8 +21,9 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
     // A route name of another family (no prefix given) leaves this family alone.
     for (std::string_view other : {"conv", "quantize"})
       if (other != family && route_from_string(other, spec)) return policy;
-    throw_value_error("LATTICE_FORCE_ROUTE", "route", "a route name of " + std::string(family),
-                      "'" + std::string(env) + "'");
+    std::string got = "'";
+    got.append(env).append("'");
+    throw_value_error("LATTICE_FORCE_ROUTE", "route", "a route name of " + std::string(family), got);
   }
   RoutePolicy p = policy;
   p.force = id;

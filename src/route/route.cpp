@@ -146,13 +146,15 @@ std::string Explanation::to_string() const {
     s += "  policy: forced route '" + std::string(lattice::to_string(*forced)) + "'";
     s += chosen ? " (admitted)\n" : " (rejected: " + forced_reason + ")\n";
   }
-  s += "    route                   rank  verdict\n";
+  char line[96];
+  std::snprintf(line, sizeof line, "     %-22s %4s  %s\n", "route", "rank", "verdict");
+  s += line;
   for (const auto& r : rows) {
-    char head[64];
-    std::snprintf(head, sizeof head, "  %s %-22s  %4d  ", chosen && *chosen == r.id ? "->" : "  ",
+    const bool is_chosen = chosen && *chosen == r.id;
+    std::snprintf(line, sizeof line, "  %s %-22s %4d  ", is_chosen ? "->" : "  ",
                   std::string(lattice::to_string(r.id)).c_str(), r.rank);
-    s += head;
-    if (chosen && *chosen == r.id) {
+    s += line;
+    if (is_chosen) {
       s += "chosen";
     } else if (r.verdict.admitted) {
       s += forced ? "admitted, not forced" : "admitted, lower preference";

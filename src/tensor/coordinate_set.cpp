@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "lattice/core/error.h"
 #include "lattice/tensor/relation.h"

@@ -10,11 +10,14 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/common/geometry.h"
 #include "lattice/core/error.h"
+#include "lattice/core/threads.h"
 #include "lattice/tensor/coordinate_set.h"
 #include "tensor/coord_index.h"
 
@@ -35,6 +38,11 @@ using geometry::Coord4;
 using Offset = std::array<std::int64_t, 3>;
 using Triple64 = std::array<std::int64_t, 3>;
 
+// Loops over fewer (output, kernel row) pairs than this run on the calling thread: waking an
+// OpenMP team costs microseconds (and whole scheduler slices when the cores are oversubscribed),
+// a pair costs tens of nanoseconds. Order-of-magnitude estimate, not a benchmarked optimum.
+constexpr std::int64_t kMinParallelPairs = std::int64_t{1} << 15;
+
 Triple64 widen(const Int3& v) { return {v[0], v[1], v[2]}; }
 
 std::int64_t spatial(const Coord4& c, int axis) {
@@ -49,10 +57,12 @@ bool needs_target(RelationKind kind) {
 // rows are stored as int32).
 std::int64_t validate_spec(RelationKind kind, const KernelSpec& spec, std::string_view op) {
   for (int a = 0; a < 3; ++a) {
-    if (spec.size[a] < 1)
+    if (spec.size[a] < 1) {
       throw_value_error(op, "kernel_size", "positive sizes", to_string(spec.size));
-    if (spec.stride[a] < 1)
+    }
+    if (spec.stride[a] < 1) {
       throw_value_error(op, "stride", "positive strides", to_string(spec.stride));
+    }
     if (spec.padding[a] < 0) {
       throw_value_error(op, "padding", "non-negative padding", to_string(spec.padding));
     }
@@ -195,7 +205,7 @@ Array find_edges(const CoordIndex& input_index, const Coord4* out, std::int64_t 
   const auto K = static_cast<std::int64_t>(offsets.size());
   Array map = Array::empty({n_out, K}, Dtype::i32);
   std::int32_t* m = map.data<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
   for (std::int64_t o = 0; o < n_out; ++o) {
     const Coord4 oc = out[o];
     std::int32_t* row = m + o * K;
@@ -231,7 +241,7 @@ void fill_output_major(Relation& r, const Array& map) {
   r.out_ptr = Array::empty({n_out + 1}, Dtype::i64);
   std::int64_t* ptr = r.out_ptr.data<std::int64_t>();
   ptr[0] = 0;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
   for (std::int64_t o = 0; o < n_out; ++o) {
     std::int64_t count = 0;
     for (std::int64_t k = 0; k < K; ++k) count += m[o * K + k] >= 0;
@@ -247,7 +257,7 @@ void fill_output_major(Relation& r, const Array& map) {
   std::int32_t* in_idx = r.in_idx.data<std::int32_t>();
   std::int32_t* out_idx = r.out_idx.data<std::int32_t>();
   std::int32_t* k_idx = r.k_idx.data<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
   for (std::int64_t o = 0; o < n_out; ++o) {
     std::int64_t e = ptr[o];
     for (std::int64_t k = 0; k < K; ++k) {
@@ -273,13 +283,15 @@ void fill_per_offset(Relation& r) {
   const std::int32_t* k_idx = r.k_idx.data<std::int32_t>();
 
   const std::int64_t chunks =
-      std::max<std::int64_t>(1, std::min<std::int64_t>(omp_get_max_threads(), n_out));
+      n_out * K < kMinParallelPairs
+          ? 1
+          : std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads(), n_out));
   auto chunk_edges = [&](std::int64_t c) {
     return std::pair{ptr[n_out * c / chunks], ptr[n_out * (c + 1) / chunks]};
   };
   // cursor[c * K + k]: edges of offset k in chunk c, then the position of the chunk's first one.
   std::vector<std::int64_t> cursor(static_cast<std::size_t>(chunks * K), 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     auto [begin, end] = chunk_edges(c);
     for (std::int64_t e = begin; e < end; ++e) ++cursor[c * K + k_idx[e]];
@@ -303,7 +315,7 @@ void fill_per_offset(Relation& r) {
   r.k_out = Array::empty({E}, Dtype::i32);
   std::int32_t* k_in = r.k_in.data<std::int32_t>();
   std::int32_t* k_out = r.k_out.data<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     auto [begin, end] = chunk_edges(c);
     for (std::int64_t e = begin; e < end; ++e) {
@@ -348,7 +360,7 @@ BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, cons
   const Triple64 p =
       (strided && kind != RelationKind::generative) ? widen(spec.padding) : Triple64{0, 0, 0};
 
-  // Output support: `out_coords` is the input, the target or a generated set.
+  // Output support: generated here, or the input / the target itself.
   Array generated_coords;
   switch (kind) {
     case RelationKind::submanifold:
@@ -421,7 +433,7 @@ const Array& Relation::row_masks() const {
     Array masks = Array::zeros({n_out, words}, Dtype::i64);
     auto* bits = reinterpret_cast<std::uint64_t*>(masks.data<std::int64_t>());
     const std::int32_t* m = gemm_map().data<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * kernel_volume >= kMinParallelPairs)
     for (std::int64_t o = 0; o < n_out; ++o) {
       for (std::int64_t k = 0; k < kernel_volume; ++k) {
         if (m[o * kernel_volume + k] >= 0) bits[o * words + k / 64] |= std::uint64_t{1} << (k % 64);

@@ -12,12 +12,14 @@ void check_feats(const CoordinateSet& set, const Array& feats) {
   constexpr std::string_view op = "SparseTensor";
   if (!feats.defined()) throw_value_error(op, "feats", "an (N, C) float array", "nothing");
   if (!is_floating(feats.dtype()))
-    throw_type_error(op, "feats", "float16, bfloat16, float32 or float64", to_string(feats.dtype()));
+    throw_type_error(op, "feats", "float16, bfloat16, float32 or float64",
+                     to_string(feats.dtype()));
   if (feats.ndim() != 2 || feats.dim(0) != set.size())
     throw_value_error(op, "feats", "shape (N=" + std::to_string(set.size()) + ", C)",
                       format_shape(feats.shape()));
   if (feats.device() != set.coords().device())
-    throw_value_error(op, "feats", "the device of coords (" + to_string(set.coords().device()) + ")",
+    throw_value_error(op, "feats",
+                      "the device of coords (" + to_string(set.coords().device()) + ")",
                       to_string(feats.device()));
 }
 
@@ -25,7 +27,8 @@ void check_feats(const CoordinateSet& set, const Array& feats) {
 
 SparseTensor::SparseTensor(const Array& coords, const Array& feats, Int3 stride,
                            std::optional<std::vector<std::int64_t>> batch_counts, bool validate)
-    : set_(CoordinateSet::create(coords, stride, std::move(batch_counts), validate)), feats_(feats) {
+    : set_(CoordinateSet::create(coords, stride, std::move(batch_counts), validate)),
+      feats_(feats) {
   check_feats(*set_, feats_);
 }
 

@@ -22,6 +22,7 @@
 #include "backend/cpu/conv/conv_routes.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
+#include "lattice/core/threads.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -404,16 +405,23 @@ TYPED_TEST(ConvGatherGemmScatter, RowsWithoutEdgesGetBias) {
   EXPECT_GT(rows_without_edges, 0) << "the case should contain output rows without edges";
 }
 
-TYPED_TEST(ConvGatherGemmScatter, BitwiseReproducible) {
+TYPED_TEST(ConvGatherGemmScatter, BitwiseReproducibleAcrossRunsAndThreadCounts) {
   std::mt19937 gen(7);
   const RandomCase c{3000, 2500, 27, 1, 32, 48, true};  // n_in, n_out, K, stride, C_in, C_out
   const Relation rel = random_line_relation(c, gen);
   const auto data = random_data<TypeParam>(rel, c.c_in, c.c_out, c.bias, gen);
   const auto first = run(kGatherGemmScatter, rel, data);
   const auto second = run(kGatherGemmScatter, rel, data);
-  expect_bitwise_equal(first.y, second.y, "y");
-  expect_bitwise_equal(first.dx, second.dx, "dx");
-  expect_bitwise_equal(first.dw, second.dw, "dw");
+  const int threads = num_threads();
+  set_num_threads(threads == 1 ? 3 : 1);
+  const auto other_threads = run(kGatherGemmScatter, rel, data);
+  set_num_threads(threads);
+  for (const auto* out : {&second, &other_threads}) {
+    const std::string what = out == &second ? "second run" : "other thread count";
+    expect_bitwise_equal(first.y, out->y, "y, " + what);
+    expect_bitwise_equal(first.dx, out->dx, "dx, " + what);
+    expect_bitwise_equal(first.dw, out->dw, "dw, " + what);
+  }
 }
 
 template <class T>

@@ -6,7 +6,6 @@
 #include <array>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -149,7 +148,7 @@ std::vector<Edge> brute_force_edges(const std::vector<Row>& in, const std::vecto
   std::vector<Edge> edges;
   for (std::size_t o = 0; o < out.size(); ++o) {
     for (std::int64_t k = 0; k < K; ++k) {
-      const std::int64_t idx[3] = {k / (spec.size[1] * spec.size[2]),
+      const std::int64_t idx[3] = {k / (std::int64_t{spec.size[1]} * spec.size[2]),
                                    (k / spec.size[2]) % spec.size[1], k % spec.size[2]};
       for (std::size_t i = 0; i < in.size(); ++i) {
         if (in[i][0] != out[o][0]) continue;
@@ -610,8 +609,8 @@ TEST(CoordinateSet, LookupFindsRowsOrMinusOne) {
 }
 
 TEST(CoordinateSet, DuplicateRowsRaiseNamingBothRows) {
-  std::vector<Row> rows;
-  for (std::int32_t r = 0; r < 9; ++r) rows.push_back({0, r, 0, 0});
+  std::vector<Row> rows(9);
+  for (std::int32_t r = 0; r < 9; ++r) rows[r] = {0, r, 0, 0};
   rows[2] = {0, 1, 2, 3};
   rows[7] = {0, 1, 2, 3};
   const std::string expected =
@@ -693,6 +692,16 @@ TEST(CoordinateSet, MakesNonContiguousCoordsContiguous) {
   EXPECT_TRUE(x->coords().is_contiguous());
   EXPECT_EQ(rows_of(*x), (std::vector<Row>{{0, 1, 2, 3}, {0, 2, 4, 6}, {0, 3, 6, 9}}));
   EXPECT_EQ(x->lookup(0, 2, 4, 6), 1);
+}
+
+TEST(CoordinateSet, RejectsUndefinedAndNonCpuCoords) {
+  EXPECT_EQ(error_message<ValueError>([] { CoordinateSet::create(Array(), cube(1)); }),
+            "[SparseTensor] coords: expected an (N, 4) int32 array, got an undefined array");
+  // Host memory labelled as a CUDA array (wrap never touches it): rejected before any access.
+  auto owner = std::make_shared<std::vector<std::int32_t>>(4, 0);
+  const Array on_gpu = Array::wrap(owner->data(), {1, 4}, {}, Dtype::i32, Device::cuda(0), owner);
+  EXPECT_EQ(error_message<ValueError>([&] { CoordinateSet::create(on_gpu, cube(1)); }),
+            "[SparseTensor] coords: expected a CPU array, got cuda:0");
 }
 
 TEST(CoordinateSet, RejectsWrongDtype) {

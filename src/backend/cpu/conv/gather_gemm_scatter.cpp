@@ -17,7 +17,7 @@
 // races and no atomics. The RelationView guarantees one edge per (o, k); input_grad also relies
 // on one edge per (i, k), which every relation rule in SEMANTICS.md satisfies (for a given
 // input and offset the rule determines the output coordinate). BLAS results are reproducible
-// for a fixed shape and BLAS thread count (OpenBLAS does not split the GEMM's k dimension).
+// for a fixed shape and BLAS thread count (OpenBLAS splits a GEMM over m and n, never k).
 #include <algorithm>
 #include <cstdint>
 #include <vector>

@@ -4,25 +4,35 @@
 // src/backend/cpu/conv/; included only by route .cpp files (it pulls in <cblas.h>).
 //
 // Every loop here is data-parallel over rows or elements with no reductions, so results do not
-// depend on the OpenMP thread count.
+// depend on the thread count; the OpenMP loops use lattice::num_threads() threads (the BLAS
+// library keeps its own thread setting).
 #pragma once
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
+#include "lattice/core/threads.h"
 
 namespace lattice::backend::cpu::detail {
 
 // Loops over fewer elements than this run on one thread: an OpenMP fork/join costs a few
-// microseconds, about the time to copy this many elements. Estimate, not yet benchmarked.
+// microseconds, about the time to copy this many elements. Estimate; not benchmarked yet (the
+// shared 2-core dev box was too loaded to measure, 2026-11).
 inline constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 15;
+
+// Threads for a loop touching `elements` elements: 1 below kParallelMinElements, else
+// lattice::num_threads().
+inline int threads_for(std::int64_t elements) {
+  return elements < kParallelMinElements ? 1 : lattice::num_threads();
+}
 
 // True when T is its own accumulation type (f32, f64): outputs can then be accumulated in place
 // and inputs used without conversion.
@@ -68,7 +78,8 @@ const Accum<T>* as_accum(const T* src, std::int64_t count, std::vector<Accum<T>>
   } else {
     storage.resize(static_cast<std::size_t>(count));
     Accum<T>* dst = storage.data();
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
+    const int threads = threads_for(count);
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t j = 0; j < count; ++j) dst[j] = load(src[j]);
     return dst;
   }
@@ -90,7 +101,8 @@ Accum<T>* accum_target(T* out, std::int64_t count, std::vector<Accum<T>>& storag
 template <class T>
 void store_all(const Accum<T>* acc, std::int64_t count, T* out) {
   if constexpr (!kStorageIsAccum<T>) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
+    const int threads = threads_for(count);
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t j = 0; j < count; ++j) out[j] = store<T>(acc[j]);
   }
 }
@@ -98,7 +110,8 @@ void store_all(const Accum<T>* acc, std::int64_t count, T* out) {
 // Every row of dst (rows, cols) = bias (cols), or 0 when bias is null.
 template <class T>
 void fill_rows(Accum<T>* dst, std::int64_t rows, std::int64_t cols, const T* bias) {
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMinElements)
+  const int threads = threads_for(rows * cols);
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (std::int64_t r = 0; r < rows; ++r) {
     Accum<T>* d = dst + r * cols;
     for (std::int64_t j = 0; j < cols; ++j) d[j] = bias ? load(bias[j]) : Accum<T>{0};
@@ -109,7 +122,8 @@ void fill_rows(Accum<T>* dst, std::int64_t rows, std::int64_t cols, const T* bia
 template <class T>
 void gather_rows(const T* src, std::int64_t cols, const std::int32_t* rows, std::int64_t n,
                  Accum<T>* dst) {
-#pragma omp parallel for schedule(static) if (n * cols >= kParallelMinElements)
+  const int threads = threads_for(n * cols);
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (std::int64_t r = 0; r < n; ++r) {
     const T* s = src + std::int64_t{rows[r]} * cols;
     Accum<T>* d = dst + r * cols;
@@ -122,7 +136,8 @@ void gather_rows(const T* src, std::int64_t cols, const std::int32_t* rows, std:
 template <class A>
 void scatter_add_rows(const A* src, std::int64_t cols, const std::int32_t* rows, std::int64_t n,
                       A* acc) {
-#pragma omp parallel for schedule(static) if (n * cols >= kParallelMinElements)
+  const int threads = threads_for(n * cols);
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (std::int64_t r = 0; r < n; ++r) {
     const A* s = src + r * cols;
     A* d = acc + std::int64_t{rows[r]} * cols;
