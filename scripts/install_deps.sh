@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing lattice needs on a Debian/Ubuntu machine, skipping what is
 # already there. Pinned to the distribution's versions (Debian 12: torch 1.13.1, numpy 1.24.2,
-# pybind11 2.10.3, OpenBLAS 0.3.21, GoogleTest 1.12.1, pytest 7.2.1, hypothesis 6.67.1).
+# pybind11 2.10.3, BLIS 0.9.0, GoogleTest 1.12.1, pytest 7.2.1, hypothesis 6.67.1).
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-dev libgtest-dev pybind11-dev python3-dev python3-pybind11
+  libblis-serial-dev libgtest-dev pybind11-dev python3-dev python3-pybind11
   python3-numpy python3-torch python3-pytest python3-hypothesis python3-matplotlib
 )
 missing=()

@@ -1,5 +1,6 @@
 // Core objects: coordinate sets (identity + relation cache), diagnostics.
 #include "common.h"
+#include "lattice/core/threads.h"
 #include "lattice/ops/diagnostics.h"
 #include "lattice/tensor/coordinate_set.h"
 #include "lattice/tensor/relation.h"
@@ -57,6 +58,8 @@ void bind_core(py::module_& m) {
       .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); });
 
   m.def("backend_info", &backend_info);
+  m.def("get_num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("device_caps", [] {
     const DeviceCaps& c = device_caps();
     py::dict cpu, cuda, out;

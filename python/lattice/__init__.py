@@ -7,9 +7,9 @@
 """
 from . import nn, ops
 from ._core import UnsupportedError
-from .explain import backend_info, device_caps, explain
+from .explain import backend_info, device_caps, explain, get_num_threads, set_num_threads
 from .tensor import SparseTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps", "UnsupportedError", "__version__"]
+__all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps", "get_num_threads", "set_num_threads", "UnsupportedError", "__version__"]

@@ -46,3 +46,14 @@ def backend_info() -> str:
 def device_caps() -> dict:
     """The capabilities the route layer sees, as a dict (cpu: threads/isa/blas, cuda: built/sm/tier/...)."""
     return core.device_caps()
+
+
+def get_num_threads() -> int:
+    """CPU threads lattice's own kernels use (independent of ``torch.get_num_threads()``)."""
+    return int(core.get_num_threads())
+
+
+def set_num_threads(n: int) -> None:
+    """Sets the CPU threads lattice's kernels use (default: LATTICE_NUM_THREADS, else
+    OMP_NUM_THREADS, else all hardware threads)."""
+    core.set_num_threads(int(n))

@@ -1,6 +1,7 @@
 #include "lattice/ops/diagnostics.h"
 
 #include "backend/kernel_table.h"
+#include "lattice/core/threads.h"
 
 #ifndef LATTICE_VERSION
 #define LATTICE_VERSION "unknown"
@@ -15,7 +16,7 @@ std::string backend_info() {
   std::string s = "lattice " LATTICE_VERSION "\n";
   s += "  build: C++20, CUDA backend ";
   s += LATTICE_BUILD_CUDA ? "compiled" : "not compiled";
-  s += "\n  cpu: " + std::to_string(caps.cpu.threads) + " OpenMP threads, ISA " + caps.cpu.isa + ", BLAS " +
+  s += "\n  cpu: " + std::to_string(num_threads()) + " threads, ISA " + caps.cpu.isa + ", BLAS " +
        (caps.cpu.blas.empty() ? std::string("none") : caps.cpu.blas) + "\n";
   s += "  cuda: ";
   if (!caps.cuda.built) {

@@ -55,19 +55,19 @@ std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::st
   index->n_ = n;
   const std::uint64_t capacity = table_capacity(n, 1);
   index->mask_ = capacity - 1;
-  index->slots_.assign(capacity, -1);
+  index->slots_.assign(capacity, Slot{{0, 0, 0, 0}, -1});
 
   // Sequential insertion in row order, so a duplicate is always reported as the first row that
   // repeats an earlier one (deterministic message).
   const geometry::Coord4* rows = index->rows_;
-  std::int32_t* slots = index->slots_.data();
+  Slot* slots = index->slots_.data();
   for (std::int64_t r = 0; r < n; ++r) {
     std::uint64_t h = geometry::hash_coord(rows[r]) & index->mask_;
-    while (slots[h] >= 0) {
-      if (rows[slots[h]] == rows[r]) throw_duplicate(op, r, rows[r], slots[h]);
+    while (slots[h].row >= 0) {
+      if (slots[h].key == rows[r]) throw_duplicate(op, r, rows[r], slots[h].row);
       h = (h + 1) & index->mask_;
     }
-    slots[h] = static_cast<std::int32_t>(r);
+    slots[h] = Slot{rows[r], static_cast<std::int32_t>(r)};
   }
   return index;
 }
@@ -75,9 +75,9 @@ std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::st
 std::int64_t CoordIndex::find(const geometry::Coord4& c) const {
   std::uint64_t h = geometry::hash_coord(c) & mask_;
   while (true) {
-    const std::int32_t row = slots_[h];
-    if (row < 0) return -1;
-    if (rows_[row] == c) return row;
+    const Slot& slot = slots_[h];
+    if (slot.row < 0) return -1;
+    if (slot.key == c) return slot.row;
     h = (h + 1) & mask_;
   }
 }

@@ -34,7 +34,8 @@ class Relation {
 
   // The N_out x K implicit-GEMM map: int32 (n_out, K), input row or -1. Built on first use.
   const Array& gemm_map() const;
-  // Row masks: uint64 (n_out, ceil(K / 64)), bit k of row o set iff offset k has an edge.
+  // Row masks: int64 words holding uint64 bit patterns, (n_out, ceil(K / 64)); bit k of row o is
+  // set iff offset k has an edge.
   // Built on first use.
   const Array& row_masks() const;
 

@@ -1,6 +1,6 @@
 #include "backend/cpu/caps.h"
 
-#include <omp.h>
+#include "lattice/core/threads.h"
 
 #ifndef LATTICE_BLAS_NAME
 #define LATTICE_BLAS_NAME "blas"
@@ -10,7 +10,7 @@ namespace lattice::backend::cpu {
 
 CpuCaps query_cpu_caps() {
   CpuCaps caps;
-  caps.threads = omp_get_max_threads();
+  caps.threads = num_threads();  // lattice's own setting, see core/threads.h
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) caps.isa = "avx512f";

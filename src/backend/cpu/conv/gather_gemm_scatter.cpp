@@ -1,23 +1,25 @@
 // Constraints: CPU; float dtypes (f16, bf16, f32, f64); any relation kind, any kernel volume,
 // any edge count. Deterministic: bitwise-identical results for the same inputs and build.
 //
-// Per kernel offset k, in ascending order: gather the rows its edges read into a contiguous
-// buffer, multiply by W[k] with one BLAS GEMM, scatter-add the product rows into an
-// accumulator. Offsets without edges are skipped.
+// Per kernel offset k, in ascending order: the offset's edges are cut into row blocks of
+// kRowBlock, spread over lattice's OpenMP threads; each thread gathers its block's rows, runs
+// one single-threaded BLIS GEMM with W[k] and scatter-adds the product rows into the
+// accumulator. A barrier separates offsets. Offsets without edges are skipped. Weight gradient:
+// one work item per (offset, C_in column block), each summed over its edges block by block.
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
 //   x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null, y (n_out, C_out),
 //   dy (n_out, C_out), dx (n_in, C_in), dw (K, C_in, C_out); all of the storage dtype T.
-//   Buffers per call: gathered (max E_k, C) and product (max E_k, C) in Accum<T>; for f16/bf16
+//   Buffers: per thread (kRowBlock, C) gathered and product blocks in Accum<T>; for f16/bf16
 //   also W and the output accumulator converted to / held in f32.
-// Numerics: GEMMs in Accum<T> (sgemm for f16/bf16/f32, dgemm for f64); f16/bf16 inputs are
+// Numerics: GEMMs in Accum<T> (BLIS sgemm for f16/bf16/f32, dgemm for f64); f16/bf16 inputs are
 // widened exactly, and each output element is rounded to T once, at the end.
 // Determinism: the offsets are summed in a fixed order (k ascending); within one offset every
 // output row (input row for input_grad) occurs at most once, so the parallel scatter has no
 // races and no atomics. The RelationView guarantees one edge per (o, k); input_grad also relies
 // on one edge per (i, k), which every relation rule in SEMANTICS.md satisfies (for a given
-// input and offset the rule determines the output coordinate). BLAS results are reproducible
-// for a fixed shape and BLAS thread count (OpenBLAS splits a GEMM over m and n, never k).
+// input and offset the rule determines the output coordinate). The blocking does not depend
+// on the thread count, so results are identical for any number of threads.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -29,23 +31,38 @@
 namespace lattice::backend::cpu {
 namespace {
 
-using detail::accum_target;
-using detail::as_accum;
-using detail::gather_rows;
-using detail::gemm;
-using detail::scatter_add_rows;
-using detail::store_all;
+using detail::kRowBlock;
 
-// Largest number of edges of one kernel offset (0 for an empty relation).
-std::int64_t max_offset_edges(const RelationView& rel) {
-  if (rel.n_edges == 0) return 0;
-  LATTICE_ASSERT(rel.k_ptr != nullptr && rel.k_in != nullptr && rel.k_out != nullptr,
+void check_grouping(const RelationView& rel) {
+  LATTICE_ASSERT(rel.n_edges == 0 || (rel.k_ptr && rel.k_in && rel.k_out),
                  "conv gather_gemm_scatter: per-offset grouping (k_ptr, k_in, k_out) is null");
-  std::int64_t most = 0;
-  for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
-    most = std::max(most, rel.k_ptr[k + 1] - rel.k_ptr[k]);
+}
+
+// acc (n_dst, c_dst) += sum_k scatter_{dst_k}(gather_{src_k}(src) @ W_k), W_k = w + k*c_in*c_out
+// read with strides (rsw, csw). Used by forward (src = x) and input_grad (src = dy, W^T).
+template <class T>
+void accumulate_offsets(const RelationView& rel, const T* src, std::int64_t c_src,
+                        const std::int32_t* src_rows, const std::int32_t* dst_rows,
+                        const Accum<T>* w, std::int64_t rsw, std::int64_t csw, std::int64_t c_dst,
+                        Accum<T>* acc, std::int64_t c_in, std::int64_t c_out) {
+  const int threads = detail::threads_for(rel.n_edges * c_src * c_dst);
+#pragma omp parallel num_threads(threads)
+  {
+    detail::Scratch<Accum<T>> scratch;
+    for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
+      const std::int64_t begin = rel.k_ptr[k];
+      const std::int64_t n = rel.k_ptr[k + 1] - begin;
+      if (n == 0) continue;  // same decision on every thread: no barrier mismatch
+      const std::int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+      const Accum<T>* wk = w + k * c_in * c_out;
+#pragma omp for schedule(static)
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::int64_t r0 = b * kRowBlock;
+        detail::gemm_rows<T>(src, c_src, src_rows + begin, dst_rows + begin, r0,
+                             std::min(n, r0 + kRowBlock), wk, rsw, csw, c_dst, acc, scratch);
+      }
+    }
   }
-  return most;
 }
 
 // y (n_out, C_out) = bias + sum_k scatter_{k_out}(gather_{k_in}(x) @ W[k]).
@@ -53,24 +70,16 @@ template <class T>
 void forward(const ConvArgs& a) {
   using A = Accum<T>;
   const RelationView& rel = a.rel;
-  const std::int64_t rows = max_offset_edges(rel);
+  check_grouping(rel);
   std::vector<A> acc_buf, w_buf;
-  std::vector<A> gathered(static_cast<std::size_t>(rows * a.c_in));
-  std::vector<A> product(static_cast<std::size_t>(rows * a.c_out));
   auto* y = static_cast<T*>(a.y);
-  A* acc = accum_target(y, rel.n_out * a.c_out, acc_buf);
+  A* acc = detail::accum_target(y, rel.n_out * a.c_out, acc_buf);
   detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
-  const A* w = as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
-  for (std::int64_t k = 0; k < rel.kernel_volume && rows > 0; ++k) {
-    const std::int64_t begin = rel.k_ptr[k];
-    const std::int64_t n = rel.k_ptr[k + 1] - begin;
-    if (n == 0) continue;
-    gather_rows(static_cast<const T*>(a.x), a.c_in, rel.k_in + begin, n, gathered.data());
-    gemm<A>(false, false, n, a.c_out, a.c_in, gathered.data(), a.c_in, w + k * a.c_in * a.c_out,
-            a.c_out, A{0}, product.data(), a.c_out);
-    scatter_add_rows(product.data(), a.c_out, rel.k_out + begin, n, acc);
-  }
-  store_all(acc, rel.n_out * a.c_out, y);
+  const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
+  if (rel.n_edges > 0)
+    accumulate_offsets<T>(rel, static_cast<const T*>(a.x), a.c_in, rel.k_in, rel.k_out, w, a.c_out, 1,
+                          a.c_out, acc, a.c_in, a.c_out);
+  detail::store_all(acc, rel.n_out * a.c_out, y);
 }
 
 // dx (n_in, C_in) = sum_k scatter_{k_in}(gather_{k_out}(dy) @ W[k]^T).
@@ -78,52 +87,55 @@ template <class T>
 void input_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const RelationView& rel = a.rel;
-  const std::int64_t rows = max_offset_edges(rel);
+  check_grouping(rel);
   std::vector<A> acc_buf, w_buf;
-  std::vector<A> gathered(static_cast<std::size_t>(rows * a.c_out));
-  std::vector<A> product(static_cast<std::size_t>(rows * a.c_in));
   auto* dx = static_cast<T*>(a.dx);
-  A* acc = accum_target(dx, rel.n_in * a.c_in, acc_buf);
+  A* acc = detail::accum_target(dx, rel.n_in * a.c_in, acc_buf);
   detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
-  const A* w = as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
-  for (std::int64_t k = 0; k < rel.kernel_volume && rows > 0; ++k) {
-    const std::int64_t begin = rel.k_ptr[k];
-    const std::int64_t n = rel.k_ptr[k + 1] - begin;
-    if (n == 0) continue;
-    gather_rows(static_cast<const T*>(a.dy), a.c_out, rel.k_out + begin, n, gathered.data());
-    gemm<A>(false, true, n, a.c_in, a.c_out, gathered.data(), a.c_out, w + k * a.c_in * a.c_out,
-            a.c_out, A{0}, product.data(), a.c_in);
-    scatter_add_rows(product.data(), a.c_in, rel.k_in + begin, n, acc);
-  }
-  store_all(acc, rel.n_in * a.c_in, dx);
+  const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
+  // W[k]^T (C_out, C_in): row stride 1, column stride C_out over the (C_in, C_out) storage.
+  if (rel.n_edges > 0)
+    accumulate_offsets<T>(rel, static_cast<const T*>(a.dy), a.c_out, rel.k_out, rel.k_in, w, 1, a.c_out,
+                          a.c_in, acc, a.c_in, a.c_out);
+  detail::store_all(acc, rel.n_in * a.c_in, dx);
 }
 
 // dw[k] (C_in, C_out) = gather_{k_in}(x)^T @ gather_{k_out}(dy); zero for offsets without edges.
+// One work item per (offset, C_in column block); each item is summed by one thread.
 template <class T>
 void weight_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const RelationView& rel = a.rel;
-  const std::int64_t rows = max_offset_edges(rel);
+  check_grouping(rel);
   const std::int64_t per_offset = a.c_in * a.c_out;
-  std::vector<A> gathered_x(static_cast<std::size_t>(rows * a.c_in));
-  std::vector<A> gathered_dy(static_cast<std::size_t>(rows * a.c_out));
-  std::vector<A> dwk_buf;
+  std::vector<A> acc_buf;
   auto* dw = static_cast<T*>(a.dw);
-  for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
-    T* dwk = dw + k * per_offset;
-    A* acc = accum_target(dwk, per_offset, dwk_buf);
-    const std::int64_t begin = rows > 0 ? rel.k_ptr[k] : 0;
-    const std::int64_t n = rows > 0 ? rel.k_ptr[k + 1] - begin : 0;
-    if (n == 0) {
-      std::fill_n(dwk, per_offset, store<T>(A{0}));
-      continue;
+  A* acc = detail::accum_target(dw, rel.kernel_volume * per_offset, acc_buf);
+  const std::int64_t cb = detail::weight_grad_column_block(rel.kernel_volume, a.c_in);
+  const std::int64_t col_blocks = (a.c_in + cb - 1) / cb;
+  const std::int64_t items = rel.kernel_volume * col_blocks;
+  const int threads = detail::threads_for(rel.n_edges * a.c_in * a.c_out);
+#pragma omp parallel num_threads(threads)
+  {
+    detail::Scratch<A> scratch;
+#pragma omp for schedule(static)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const std::int64_t k = item / col_blocks;
+      const std::int64_t c0 = (item % col_blocks) * cb;
+      const std::int64_t c1 = std::min(a.c_in, c0 + cb);
+      const std::int64_t begin = rel.n_edges > 0 ? rel.k_ptr[k] : 0;
+      const std::int64_t n = rel.n_edges > 0 ? rel.k_ptr[k + 1] - begin : 0;
+      A* dst = acc + k * per_offset + c0 * a.c_out;
+      if (n == 0) {
+        std::fill_n(dst, (c1 - c0) * a.c_out, A{0});
+        continue;
+      }
+      detail::weight_grad_rows<T>(static_cast<const T*>(a.x), a.c_in, rel.k_in + begin,
+                                  static_cast<const T*>(a.dy), a.c_out, rel.k_out + begin, n, c0, c1,
+                                  dst, scratch);
     }
-    gather_rows(static_cast<const T*>(a.x), a.c_in, rel.k_in + begin, n, gathered_x.data());
-    gather_rows(static_cast<const T*>(a.dy), a.c_out, rel.k_out + begin, n, gathered_dy.data());
-    gemm<A>(true, false, a.c_in, a.c_out, n, gathered_x.data(), a.c_in, gathered_dy.data(), a.c_out,
-            A{0}, acc, a.c_out);
-    store_all(acc, per_offset, dwk);
   }
+  detail::store_all(acc, rel.kernel_volume * per_offset, dw);
 }
 
 }  // namespace

@@ -1,17 +1,23 @@
 // Dense building blocks shared by the GEMM-based CPU conv routes (pointwise_matmul,
-// gather_gemm_scatter): a row-major BLAS GEMM in the accumulation type, row gathers and
-// scatters, and the one conversion to / from the storage dtype. Private to
-// src/backend/cpu/conv/; included only by route .cpp files (it pulls in <cblas.h>).
+// gather_gemm_scatter). Private to src/backend/cpu/conv/.
 //
-// Every loop here is data-parallel over rows or elements with no reductions, so results do not
-// depend on the thread count; the OpenMP loops use lattice::num_threads() threads (the BLAS
-// library keeps its own thread setting).
+// Threading model: lattice owns every CPU thread it uses. GEMMs go through BLIS's typed API in
+// its single-threaded build (libblis serial), called from inside lattice's own OpenMP regions
+// on blocks of rows. So there is exactly one thread pool (libgomp, lattice::num_threads()
+// threads) and no second pool to fight with: a multi-threaded BLAS (e.g. the pthread OpenBLAS
+// that torch and numpy load into the same process) alternating with OpenMP regions made a
+// k3 conv 10-20x slower on 2 cores, its idle threads spinning while the other pool needed the
+// cores (measured 2026-11-30: kitti subm3 C=32 hot 29 ms with 1 thread, 532 ms with 2).
+//
+// Determinism: every output row is produced by one thread; the row blocking (kRowBlock) and
+// the summation order over kernel offsets do not depend on the thread count, and a GEMM row's
+// result does not depend on which other rows share its call. So results are bitwise identical
+// for any thread count.
 #pragma once
 
-#include <cblas.h>
+#include <blis.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -23,15 +29,16 @@
 
 namespace lattice::backend::cpu::detail {
 
-// Loops over fewer elements than this run on one thread: an OpenMP fork/join costs a few
-// microseconds, about the time to copy this many elements. Estimate; not benchmarked yet (the
-// shared 2-core dev box was too loaded to measure, 2026-11).
-inline constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 15;
+// Rows per GEMM call: a 256 x 128 f32 block is 128 KiB, which stays in L2 (>= 512 KiB on the
+// machines we target) together with W[k]; large enough that BLIS's micro-kernels run at speed.
+inline constexpr std::int64_t kRowBlock = 256;
 
-// Threads for a loop touching `elements` elements: 1 below kParallelMinElements, else
-// lattice::num_threads().
-inline int threads_for(std::int64_t elements) {
-  return elements < kParallelMinElements ? 1 : lattice::num_threads();
+// Work below this many multiply-adds (or copied elements) runs on one thread: an OpenMP fork/join
+// costs a few microseconds. Estimate, not benchmarked yet (2026-11).
+inline constexpr std::int64_t kParallelMinWork = std::int64_t{1} << 16;
+
+inline int threads_for(std::int64_t work) {
+  return work < kParallelMinWork ? 1 : lattice::num_threads();
 }
 
 // True when T is its own accumulation type (f32, f64): outputs can then be accumulated in place
@@ -39,33 +46,29 @@ inline int threads_for(std::int64_t elements) {
 template <class T>
 inline constexpr bool kStorageIsAccum = std::is_same_v<T, Accum<T>>;
 
-inline int blas_int(std::int64_t v) {
-  LATTICE_ASSERT(v >= 0 && v <= INT_MAX, "GEMM dimension exceeds the BLAS int range");
-  return static_cast<int>(v);
-}
-
-// C(m, n) = op(A) @ op(B) + beta * C, all row-major; op(A) is (m, k), op(B) is (k, n), and a set
-// trans flag means the matrix is stored transposed. A = f32 (sgemm) or f64 (dgemm).
-// Empty products are handled here (BLAS rejects leading dimensions of 0).
+// One thread: C(m, n) = A(m, k) @ B(k, n) + beta * C, every operand given by a pointer and its
+// row and column strides (so transposes are stride swaps). A = float or double.
 template <class A>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const A* a,
-          std::int64_t lda, const A* b, std::int64_t ldb, A beta, A* c, std::int64_t ldc) {
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const A* a, std::int64_t rsa,
+          std::int64_t csa, const A* b, std::int64_t rsb, std::int64_t csb, A beta, A* c,
+          std::int64_t rsc, std::int64_t csc) {
   static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>);
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    if (beta == A{0}) {
-      for (std::int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, A{0});
-    }
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        A& v = c[r * rsc + j * csc];
+        v = beta == A{0} ? A{0} : beta * v;
+      }
     return;
   }
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  A alpha{1};
   if constexpr (std::is_same_v<A, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0f, a,
-                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, const_cast<A*>(a), rsa, csa,
+              const_cast<A*>(b), rsb, csb, &beta, c, rsc, csc);
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(k), 1.0, a, blas_int(lda),
-                b, blas_int(ldb), beta, c, blas_int(ldc));
+    bli_dgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, const_cast<A*>(a), rsa, csa,
+              const_cast<A*>(b), rsb, csb, &beta, c, rsc, csc);
   }
 }
 
@@ -118,31 +121,89 @@ void fill_rows(Accum<T>* dst, std::int64_t rows, std::int64_t cols, const T* bia
   }
 }
 
-// dst[r, :] = src[rows[r], :] in the accumulation type, for r < n; src is (*, cols), dst (n, cols).
+// Per-thread scratch of the blocked kernels.
+template <class A>
+struct Scratch {
+  std::vector<A> src;  // (kRowBlock, c_src) gathered rows
+  std::vector<A> dst;  // (kRowBlock, c_dst) GEMM product
+};
+
+// One row block of a gather-GEMM-scatter, run by the calling thread:
+//   acc[dst_rows[r], :] += src[src_rows[r], :] @ W   for r in [r0, r1)
+// src is (*, c_src) of storage type T; W is (c_src, c_dst) in Accum<T> with strides (rsw, csw);
+// acc is (*, c_dst). Null src_rows / dst_rows mean the identity (row r).
+// Precondition: dst_rows are distinct within the block's offset (no two threads touch a row).
 template <class T>
-void gather_rows(const T* src, std::int64_t cols, const std::int32_t* rows, std::int64_t n,
-                 Accum<T>* dst) {
-  const int threads = threads_for(n * cols);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t r = 0; r < n; ++r) {
-    const T* s = src + std::int64_t{rows[r]} * cols;
-    Accum<T>* d = dst + r * cols;
-    for (std::int64_t j = 0; j < cols; ++j) d[j] = load(s[j]);
+void gemm_rows(const T* src, std::int64_t c_src, const std::int32_t* src_rows,
+               const std::int32_t* dst_rows, std::int64_t r0, std::int64_t r1, const Accum<T>* w,
+               std::int64_t rsw, std::int64_t csw, std::int64_t c_dst, Accum<T>* acc,
+               Scratch<Accum<T>>& s) {
+  using A = Accum<T>;
+  const std::int64_t m = r1 - r0;
+  if (m <= 0) return;
+  const A* a = nullptr;
+  if (src_rows == nullptr && kStorageIsAccum<T>) {
+    a = reinterpret_cast<const A*>(src) + r0 * c_src;
+  } else {
+    s.src.resize(static_cast<std::size_t>(kRowBlock * c_src));
+    for (std::int64_t r = 0; r < m; ++r) {
+      const std::int64_t row = src_rows ? std::int64_t{src_rows[r0 + r]} : r0 + r;
+      const T* from = src + row * c_src;
+      A* to = s.src.data() + r * c_src;
+      for (std::int64_t j = 0; j < c_src; ++j) to[j] = load(from[j]);
+    }
+    a = s.src.data();
+  }
+  if (dst_rows == nullptr) {  // rows are contiguous in acc: accumulate in place
+    gemm<A>(m, c_dst, c_src, a, c_src, 1, w, rsw, csw, A{1}, acc + r0 * c_dst, c_dst, 1);
+    return;
+  }
+  s.dst.resize(static_cast<std::size_t>(kRowBlock * c_dst));
+  gemm<A>(m, c_dst, c_src, a, c_src, 1, w, rsw, csw, A{0}, s.dst.data(), c_dst, 1);
+  for (std::int64_t r = 0; r < m; ++r) {
+    const A* from = s.dst.data() + r * c_dst;
+    A* to = acc + std::int64_t{dst_rows[r0 + r]} * c_dst;
+    for (std::int64_t j = 0; j < c_dst; ++j) to[j] += from[j];
   }
 }
 
-// acc[rows[r], :] += src[r, :] for r < n. Precondition: rows[0..n) are distinct, so rows are
-// updated by one thread each (no races, no atomics).
-template <class A>
-void scatter_add_rows(const A* src, std::int64_t cols, const std::int32_t* rows, std::int64_t n,
-                      A* acc) {
-  const int threads = threads_for(n * cols);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t r = 0; r < n; ++r) {
-    const A* s = src + r * cols;
-    A* d = acc + std::int64_t{rows[r]} * cols;
-    for (std::int64_t j = 0; j < cols; ++j) d[j] += s[j];
+// dW(c_x, c_dy) (+)= gather(x)^T @ gather(dy) over edge rows [0, n), columns [c0, c1) of x only,
+// accumulated block by block in a fixed order (deterministic). x rows via x_rows, dy rows via
+// dy_rows (null = identity). dw_rows points at row c0 of the (c_x, c_dy) accumulator.
+template <class T>
+void weight_grad_rows(const T* x, std::int64_t c_x, const std::int32_t* x_rows, const T* dy,
+                      std::int64_t c_dy, const std::int32_t* dy_rows, std::int64_t n,
+                      std::int64_t c0, std::int64_t c1, Accum<T>* dw_rows, Scratch<Accum<T>>& s) {
+  using A = Accum<T>;
+  const std::int64_t cw = c1 - c0;
+  s.src.resize(static_cast<std::size_t>(kRowBlock * cw));
+  s.dst.resize(static_cast<std::size_t>(kRowBlock * c_dy));
+  std::fill_n(dw_rows, cw * c_dy, A{0});
+  for (std::int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
+    const std::int64_t m = std::min(kRowBlock, n - r0);
+    for (std::int64_t r = 0; r < m; ++r) {
+      const std::int64_t xr = x_rows ? std::int64_t{x_rows[r0 + r]} : r0 + r;
+      const std::int64_t dr = dy_rows ? std::int64_t{dy_rows[r0 + r]} : r0 + r;
+      const T* xf = x + xr * c_x + c0;
+      const T* df = dy + dr * c_dy;
+      A* xt = s.src.data() + r * cw;
+      A* dt = s.dst.data() + r * c_dy;
+      for (std::int64_t j = 0; j < cw; ++j) xt[j] = load(xf[j]);
+      for (std::int64_t j = 0; j < c_dy; ++j) dt[j] = load(df[j]);
+    }
+    // (cw, m) @ (m, c_dy): the gathered x block read transposed (row stride 1, column stride cw).
+    gemm<A>(cw, c_dy, m, s.src.data(), 1, cw, s.dst.data(), c_dy, 1, A{1}, dw_rows, c_dy, 1);
   }
+}
+
+// Splits C_in of a weight gradient into column blocks so that a kernel with few offsets (1x1x1
+// has one) still yields several work items. Depends only on the problem, never on the thread
+// count, so the result is the same for any number of threads.
+inline std::int64_t weight_grad_column_block(std::int64_t kernel_volume, std::int64_t c_in) {
+  constexpr std::int64_t kMinItems = 8;  // enough items for 8 threads
+  if (kernel_volume >= kMinItems || c_in <= 16) return c_in;
+  const std::int64_t blocks = (kMinItems + kernel_volume - 1) / kernel_volume;
+  return std::max<std::int64_t>(16, (c_in + blocks - 1) / blocks);
 }
 
 }  // namespace lattice::backend::cpu::detail

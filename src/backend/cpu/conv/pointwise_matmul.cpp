@@ -2,7 +2,8 @@
 // so n_in == n_out); float dtypes (f16, bf16, f32, f64). Deterministic.
 //
 // A 1x1x1 convolution at stride 1 without padding or target is a matmul over rows
-// (SEMANTICS.md "Convolution"): one BLAS GEMM per pass, no edge lists read.
+// (SEMANTICS.md "Convolution"): row blocks of one GEMM per pass spread over lattice's threads
+// (single-threaded BLIS per block, see gemm_support.h), no edge lists read.
 //
 // Shapes (named axes; N = n_in = n_out): x (N, C_in), w (1, C_in, C_out), bias (C_out) or null,
 // y (N, C_out), dy (N, C_out), dx (N, C_in), dw (1, C_in, C_out); all of the storage dtype T.
@@ -10,7 +11,8 @@
 //   input_grad  dx = dy @ W[0]^T
 //   weight_grad dw[0] = x^T @ dy
 // Numerics: GEMMs in Accum<T> (sgemm for f16/bf16/f32, dgemm for f64); f16/bf16 operands are
-// widened to f32 copies first and each output element is rounded to T once, at the end.
+// widened to f32 per block and each output element is rounded to T once, at the end.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,56 +23,81 @@
 namespace lattice::backend::cpu {
 namespace {
 
-using detail::accum_target;
-using detail::as_accum;
-using detail::gemm;
-using detail::store_all;
+using detail::kRowBlock;
 
 void check_pointwise(const RelationView& rel) {
   LATTICE_ASSERT(rel.kernel_volume == 1 && rel.identity && rel.n_in == rel.n_out,
                  "conv pointwise_matmul: requires kernel volume 1 and the identity relation");
 }
 
+// acc (n, c_dst) += src (n, c_src) @ W with W strides (rsw, csw), in row blocks.
+template <class T>
+void blocked_matmul(const T* src, std::int64_t n, std::int64_t c_src, const Accum<T>* w,
+                    std::int64_t rsw, std::int64_t csw, std::int64_t c_dst, Accum<T>* acc) {
+  const std::int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+  const int threads = detail::threads_for(n * c_src * c_dst);
+#pragma omp parallel num_threads(threads)
+  {
+    detail::Scratch<Accum<T>> scratch;
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t r0 = b * kRowBlock;
+      detail::gemm_rows<T>(src, c_src, nullptr, nullptr, r0, std::min(n, r0 + kRowBlock), w, rsw,
+                           csw, c_dst, acc, scratch);
+    }
+  }
+}
+
 template <class T>
 void forward(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_out;
-  std::vector<A> acc_buf, x_buf, w_buf;
+  std::vector<A> acc_buf, w_buf;
   auto* y = static_cast<T*>(a.y);
-  A* acc = accum_target(y, n * a.c_out, acc_buf);
-  const auto* bias = static_cast<const T*>(a.bias);
-  if (bias) detail::fill_rows(acc, n, a.c_out, bias);
-  const A* x = as_accum(static_cast<const T*>(a.x), n * a.c_in, x_buf);
-  const A* w = as_accum(static_cast<const T*>(a.w), a.c_in * a.c_out, w_buf);
-  gemm<A>(false, false, n, a.c_out, a.c_in, x, a.c_in, w, a.c_out, bias ? A{1} : A{0}, acc,
-          a.c_out);
-  store_all(acc, n * a.c_out, y);
+  A* acc = detail::accum_target(y, n * a.c_out, acc_buf);
+  detail::fill_rows(acc, n, a.c_out, static_cast<const T*>(a.bias));
+  const A* w = detail::as_accum(static_cast<const T*>(a.w), a.c_in * a.c_out, w_buf);
+  blocked_matmul<T>(static_cast<const T*>(a.x), n, a.c_in, w, a.c_out, 1, a.c_out, acc);
+  detail::store_all(acc, n * a.c_out, y);
 }
 
 template <class T>
 void input_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_in;
-  std::vector<A> acc_buf, dy_buf, w_buf;
+  std::vector<A> acc_buf, w_buf;
   auto* dx = static_cast<T*>(a.dx);
-  A* acc = accum_target(dx, n * a.c_in, acc_buf);
-  const A* dy = as_accum(static_cast<const T*>(a.dy), n * a.c_out, dy_buf);
-  const A* w = as_accum(static_cast<const T*>(a.w), a.c_in * a.c_out, w_buf);
-  gemm<A>(false, true, n, a.c_in, a.c_out, dy, a.c_out, w, a.c_out, A{0}, acc, a.c_in);
-  store_all(acc, n * a.c_in, dx);
+  A* acc = detail::accum_target(dx, n * a.c_in, acc_buf);
+  detail::fill_rows<T>(acc, n, a.c_in, nullptr);
+  const A* w = detail::as_accum(static_cast<const T*>(a.w), a.c_in * a.c_out, w_buf);
+  // W[0]^T (C_out, C_in): row stride 1, column stride C_out.
+  blocked_matmul<T>(static_cast<const T*>(a.dy), n, a.c_out, w, 1, a.c_out, a.c_in, acc);
+  detail::store_all(acc, n * a.c_in, dx);
 }
 
 template <class T>
 void weight_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_in;
-  std::vector<A> acc_buf, x_buf, dy_buf;
+  std::vector<A> acc_buf;
   auto* dw = static_cast<T*>(a.dw);
-  A* acc = accum_target(dw, a.c_in * a.c_out, acc_buf);
-  const A* x = as_accum(static_cast<const T*>(a.x), n * a.c_in, x_buf);
-  const A* dy = as_accum(static_cast<const T*>(a.dy), n * a.c_out, dy_buf);
-  gemm<A>(true, false, a.c_in, a.c_out, n, x, a.c_in, dy, a.c_out, A{0}, acc, a.c_out);
-  store_all(acc, a.c_in * a.c_out, dw);
+  A* acc = detail::accum_target(dw, a.c_in * a.c_out, acc_buf);
+  const std::int64_t cb = detail::weight_grad_column_block(1, a.c_in);
+  const std::int64_t items = (a.c_in + cb - 1) / cb;
+  const int threads = detail::threads_for(n * a.c_in * a.c_out);
+#pragma omp parallel num_threads(threads)
+  {
+    detail::Scratch<A> scratch;
+#pragma omp for schedule(static)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const std::int64_t c0 = item * cb;
+      const std::int64_t c1 = std::min(a.c_in, c0 + cb);
+      detail::weight_grad_rows<T>(static_cast<const T*>(a.x), a.c_in, nullptr,
+                                  static_cast<const T*>(a.dy), a.c_out, nullptr, n, c0, c1,
+                                  acc + c0 * a.c_out, scratch);
+    }
+  }
+  detail::store_all(acc, a.c_in * a.c_out, dw);
 }
 
 }  // namespace
