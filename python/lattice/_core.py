@@ -47,14 +47,19 @@ def as_triple(value: Any, what: str, op: str) -> tuple[int, int, int]:
         raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got bool")
     if isinstance(value, (int, np.integer)):
         v = int(value)
-        return (v, v, v)
-    try:
-        items = list(value)
-    except TypeError:
-        raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got {type(value).__name__}") from None
-    if len(items) != 3 or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
-        raise ValueError(f"[{op}] {what}: expected an int or 3 ints, got {tuple(items)!r}")
-    return (int(items[0]), int(items[1]), int(items[2]))
+        items = [v, v, v]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got {type(value).__name__}") from None
+        if len(items) != 3 or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+            raise ValueError(f"[{op}] {what}: expected an int or 3 ints, got {tuple(items)!r}")
+    out = (int(items[0]), int(items[1]), int(items[2]))
+    for v in out:
+        if v < -(2**31) or v > 2**31 - 1:
+            raise ValueError(f"[{op}] {what}: expected values within int32, got {value!r}")
+    return out
 
 
 def optional_core(t: Optional[torch.Tensor]) -> Any:

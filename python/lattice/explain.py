@@ -25,11 +25,11 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
     when rejected, the reason. Attributes: ``chosen``, ``rows``, ``problem``, ``caps``.
     """
     if op in _KIND:
-        x, weight = args[0], args[1]
+        if len(args) < 2:
+            raise TypeError(f"[explain] args: expected the op's (input, weight, ...) arguments, got {len(args)} values")
+        x, weight = args[0], args[1]  # a positional bias (args[2]) does not change the decision
         kw = dict(kwargs)
         kw.pop("bias", None)
-        if len(args) > 2:
-            pass  # positional bias: not part of the decision
         p = _conv.plan(op, _KIND[op](kw), x, weight, **kw)
         return core.explain_conv(p, to_core(x.feats), to_core(weight), pass_)
     if op == "sparse_quantize":

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "lattice/core/array.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/vocab.h"
 
@@ -57,4 +58,12 @@ struct QuantizeArgs {
   double origin[3] = {0, 0, 0};
 };
 
+// What a quantize route returns (outputs are sized by the data, so the route allocates them).
+struct QuantizeResult {
+  Array coords;                      // (M, 4) int32, unique, first-occurrence order
+  Array inverse;                     // (P) int64, point -> voxel row
+  Array counts;                      // (M) int64, points per voxel
+  std::int64_t first_invalid = -1;   // first point with NaN/inf (nothing else filled when >= 0)
+  std::int64_t first_overflow = -1;  // first point whose voxel index leaves int32
+};
 }  // namespace lattice::backend

@@ -20,13 +20,6 @@ struct ConvKernels {
 // nullptr when the route has no kernels in this build.
 const ConvKernels* find_conv_kernels(RouteId id);
 
-struct QuantizeResult {
-  Array coords;                      // (M, 4) int32, unique, first-occurrence order
-  Array inverse;                     // (P) int64, point -> voxel row
-  Array counts;                      // (M) int64, points per voxel
-  std::int64_t first_invalid = -1;   // first point with NaN/inf (nothing else filled when >= 0)
-  std::int64_t first_overflow = -1;  // first point whose voxel index leaves int32
-};
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);
 

@@ -86,7 +86,8 @@ Explanation run_table(const std::array<RouteSpec<Problem>, N>& table, const Prob
   if (policy.force) {
     const RouteRow* forced = e.row(*policy.force);
     if (!forced) {
-      e.forced_reason = "route '" + std::string(to_string(*policy.force)) + "' is not a route of " + e.op;
+      e.forced_reason = "route '" + std::string(op_family(*policy.force)) + ":" +
+                        std::string(to_string(*policy.force)) + "' is not a route of " + e.op;
     } else if (!forced->verdict.admitted) {
       e.forced_reason = forced->verdict.reason;
     } else {

@@ -89,7 +89,7 @@ class Array {
   Array contiguous() const;
   // Deep copy, contiguous. CPU only.
   Array clone() const;
-  // Same storage, new shape; requires contiguity and equal numel.
+  // New shape with equal numel: the same storage when contiguous, else a contiguous copy.
   Array reshape(Shape shape) const;
 
  private:

@@ -52,7 +52,7 @@ def plan(
     x: SparseTensor,
     weight: torch.Tensor,
     *,
-    kernel_size: Optional[IntOr3],
+    kernel_size: Optional[IntOr3] = None,
     stride: IntOr3 = 1,
     padding: IntOr3 = 0,
     dilation: IntOr3 = 1,

@@ -1,6 +1,7 @@
+// CPU quantize routes, one file each.
 #pragma once
 
-#include "backend/kernel_table.h"
+#include "backend/args.h"
 
 namespace lattice::backend::cpu {
 

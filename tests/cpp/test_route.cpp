@@ -1,0 +1,404 @@
+// Specification tests for route selection (src/route, include/lattice/route): the conv and
+// quantize tables evaluated with hand-built DeviceCaps (so every machine runs every case,
+// including simulated GPUs), forced routes, select() == explain().chosen, the rendered
+// explanation, capability tiers and route names.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lattice/core/device.h"
+#include "lattice/core/dtype.h"
+#include "lattice/core/vocab.h"
+#include "lattice/route/caps.h"
+#include "lattice/route/problem.h"
+#include "lattice/route/route.h"
+
+namespace lattice {
+namespace {
+
+constexpr RouteId kConvRoutes[] = {RouteId::conv_pointwise_matmul,
+                                   RouteId::conv_gather_gemm_scatter, RouteId::conv_reference};
+constexpr RouteId kAllRoutes[] = {RouteId::conv_reference, RouteId::conv_pointwise_matmul,
+                                  RouteId::conv_gather_gemm_scatter, RouteId::quantize_reference};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+DeviceCaps cpu_caps(std::string blas = "openblas") {
+  DeviceCaps caps;
+  caps.cpu = CpuCaps{.threads = 2, .isa = "avx2", .blas = std::move(blas)};
+  caps.cuda.built = false;
+  caps.cuda.status = "built without CUDA";
+  return caps;
+}
+
+// A CPU machine with one simulated GPU of compute capability `sm`.
+DeviceCaps gpu_caps(int sm) {
+  DeviceCaps caps = cpu_caps();
+  caps.cuda = CudaCaps{.built = true,
+                       .device_count = 1,
+                       .sm = sm,
+                       .tier = tier_for_sm(sm),
+                       .shared_memory_per_block = 232448,
+                       .sm_count = 132,
+                       .name = "Simulated GPU sm_" + std::to_string(sm),
+                       .status = "ok"};
+  return caps;
+}
+
+// subm_conv3d k3 on a 1000-row cloud, f32, cpu.
+ConvProblem subm3() {
+  return ConvProblem{.op = "subm_conv3d",
+                     .relation = RelationKind::submanifold,
+                     .pass = ConvPass::forward,
+                     .dtype = Dtype::f32,
+                     .device = Device::cpu(),
+                     .n_in = 1000,
+                     .n_out = 1000,
+                     .c_in = 32,
+                     .c_out = 64,
+                     .kernel_volume = 27,
+                     .n_edges = 4400};
+}
+
+// A 1x1x1 stride-1 conv: the identity relation.
+ConvProblem pointwise() {
+  ConvProblem p = subm3();
+  p.kernel_volume = 1;
+  p.n_edges = p.n_in;
+  p.identity_relation = true;
+  return p;
+}
+
+const RouteRow& row_of(const Explanation& e, RouteId id) {
+  const RouteRow* r = e.row(id);
+  EXPECT_NE(r, nullptr) << to_string(id);
+  static const RouteRow missing{RouteId::conv_reference, -1, Verdict::no("missing row")};
+  return r ? *r : missing;
+}
+
+// ---- the conv table -----------------------------------------------------------------------------
+
+TEST(RouteConv, IdentityKernelOneChoosesPointwiseMatmul) {
+  const Explanation e = explain(pointwise(), cpu_caps());
+  ASSERT_TRUE(e.chosen.has_value());
+  EXPECT_EQ(*e.chosen, RouteId::conv_pointwise_matmul);
+  EXPECT_EQ(e.op, "subm_conv3d");
+  for (RouteId id : kConvRoutes) EXPECT_TRUE(row_of(e, id).verdict.admitted) << to_string(id);
+  EXPECT_FALSE(e.forced.has_value());
+  EXPECT_TRUE(e.forced_reason.empty());
+}
+
+TEST(RouteConv, TableListsEveryConvRouteOnceInRankOrder) {
+  const Explanation e = explain(subm3(), cpu_caps());
+  ASSERT_EQ(e.rows.size(), 3u);
+  for (std::size_t i = 1; i < e.rows.size(); ++i) EXPECT_LT(e.rows[i - 1].rank, e.rows[i].rank);
+  for (RouteId id : kConvRoutes) EXPECT_EQ(op_family(row_of(e, id).id), "conv");
+  EXPECT_EQ(e.row(RouteId::quantize_reference), nullptr);
+  // The scalar reference is the last resort.
+  EXPECT_EQ(e.rows.back().id, RouteId::conv_reference);
+}
+
+TEST(RouteConv, Kernel27ChoosesGatherGemmScatterAndSaysWhyNotPointwise) {
+  const Explanation e = explain(subm3(), cpu_caps());
+  ASSERT_TRUE(e.chosen.has_value());
+  EXPECT_EQ(*e.chosen, RouteId::conv_gather_gemm_scatter);
+  const Verdict& v = row_of(e, RouteId::conv_pointwise_matmul).verdict;
+  EXPECT_FALSE(v.admitted);
+  EXPECT_EQ(v.reason, "needs kernel volume 1, got 27");
+  EXPECT_TRUE(row_of(e, RouteId::conv_gather_gemm_scatter).verdict.reason.empty());
+  EXPECT_TRUE(row_of(e, RouteId::conv_reference).verdict.admitted);
+}
+
+TEST(RouteConv, KernelOneThatMovesRowsIsNotPointwise) {
+  ConvProblem p = pointwise();
+  p.op = "conv3d";
+  p.relation = RelationKind::target;
+  p.identity_relation = false;
+  const Explanation e = explain(p, cpu_caps());
+  EXPECT_EQ(e.chosen, RouteId::conv_gather_gemm_scatter);
+  const std::string& reason = row_of(e, RouteId::conv_pointwise_matmul).verdict.reason;
+  EXPECT_TRUE(contains(reason, "needs the identity relation")) << reason;
+  EXPECT_TRUE(contains(reason, "target")) << reason;
+}
+
+TEST(RouteConv, NonFloatDtypeRejectsEveryRoute) {
+  ConvProblem p = subm3();
+  p.dtype = Dtype::i32;
+  const Explanation e = explain(p, cpu_caps());
+  EXPECT_FALSE(e.chosen.has_value());
+  for (RouteId id : kConvRoutes)
+    EXPECT_EQ(row_of(e, id).verdict.reason, "needs a float dtype, got int32") << to_string(id);
+}
+
+TEST(RouteConv, EveryFloatDtypeIsAdmittedOnCpu) {
+  for (Dtype d : {Dtype::f16, Dtype::bf16, Dtype::f32, Dtype::f64}) {
+    ConvProblem p = subm3();
+    p.dtype = d;
+    EXPECT_EQ(explain(p, cpu_caps()).chosen, RouteId::conv_gather_gemm_scatter) << to_string(d);
+    p = pointwise();
+    p.dtype = d;
+    EXPECT_EQ(explain(p, cpu_caps()).chosen, RouteId::conv_pointwise_matmul) << to_string(d);
+  }
+}
+
+TEST(RouteConv, WithoutBlasTheReferenceRuns) {
+  const Explanation e = explain(subm3(), cpu_caps(""));
+  EXPECT_EQ(e.chosen, RouteId::conv_reference);
+  EXPECT_EQ(row_of(e, RouteId::conv_gather_gemm_scatter).verdict.reason,
+            "needs a BLAS library; this build has none");
+  // The pointwise route says why it does not apply before anything about BLAS.
+  EXPECT_EQ(row_of(e, RouteId::conv_pointwise_matmul).verdict.reason,
+            "needs kernel volume 1, got 27");
+  EXPECT_EQ(explain(pointwise(), cpu_caps("")).chosen, RouteId::conv_pointwise_matmul);
+}
+
+TEST(RouteConv, CudaDataOnSimulatedGpusAdmitsNothingAndEveryReasonNamesCpu) {
+  for (int sm : {75, 80, 90}) {
+    for (ConvProblem p : {subm3(), pointwise()}) {
+      p.device = Device::cuda(0);
+      const Explanation e = explain(p, gpu_caps(sm));
+      EXPECT_FALSE(e.chosen.has_value()) << "sm " << sm;
+      EXPECT_FALSE(select(p, gpu_caps(sm)).has_value());
+      ASSERT_EQ(e.rows.size(), 3u);
+      for (const RouteRow& r : e.rows) {
+        EXPECT_FALSE(r.verdict.admitted) << to_string(r.id);
+        EXPECT_TRUE(contains(r.verdict.reason, "cpu"))
+            << to_string(r.id) << ": " << r.verdict.reason;
+        EXPECT_TRUE(contains(r.verdict.reason, "cuda:0")) << r.verdict.reason;
+      }
+      EXPECT_TRUE(contains(e.caps, "sm_" + std::to_string(sm))) << e.caps;
+      EXPECT_TRUE(contains(e.to_string(), "no route admitted")) << e.to_string();
+    }
+  }
+}
+
+TEST(RouteConv, CpuDataIgnoresTheGpu) {
+  EXPECT_EQ(explain(subm3(), gpu_caps(90)).chosen, RouteId::conv_gather_gemm_scatter);
+}
+
+// ---- forced routes ------------------------------------------------------------------------------
+
+TEST(RouteConv, ForcedAdmittedRouteIsChosen) {
+  const Explanation e = explain(subm3(), cpu_caps(), RoutePolicy{.force = RouteId::conv_reference});
+  EXPECT_EQ(e.chosen, RouteId::conv_reference);
+  EXPECT_EQ(e.forced, RouteId::conv_reference);
+  EXPECT_TRUE(e.forced_reason.empty());
+  const std::string text = e.to_string();
+  EXPECT_TRUE(contains(text, "forced route 'reference' (admitted)")) << text;
+  EXPECT_TRUE(contains(text, "admitted, not forced")) << text;  // gather_gemm_scatter's row
+}
+
+TEST(RouteConv, ForcedRejectedRouteChoosesNothingAndSaysWhy) {
+  const Explanation e =
+      explain(subm3(), cpu_caps(), RoutePolicy{.force = RouteId::conv_pointwise_matmul});
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_EQ(e.forced, RouteId::conv_pointwise_matmul);
+  EXPECT_EQ(e.forced_reason, "needs kernel volume 1, got 27");
+  const std::string text = e.to_string();
+  EXPECT_TRUE(
+      contains(text, "forced route 'pointwise_matmul' (rejected: needs kernel volume 1, got 27)"))
+      << text;
+  EXPECT_TRUE(contains(text, "no route admitted")) << text;
+}
+
+TEST(RouteConv, ForcingARouteOfAnotherOpFamilyIsRejected) {
+  const Explanation e =
+      explain(subm3(), cpu_caps(), RoutePolicy{.force = RouteId::quantize_reference});
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_TRUE(contains(e.forced_reason, "is not a route of subm_conv3d")) << e.forced_reason;
+}
+
+TEST(RouteConv, ForcingTheRouteSelectWouldPickChangesNothing) {
+  const Explanation plain = explain(subm3(), cpu_caps());
+  const Explanation forced =
+      explain(subm3(), cpu_caps(), RoutePolicy{.force = RouteId::conv_gather_gemm_scatter});
+  EXPECT_EQ(plain.chosen, forced.chosen);
+}
+
+// ---- select() == explain().chosen ---------------------------------------------------------------
+
+TEST(RouteConv, SelectEqualsExplainChosenOnAGridOfProblems) {
+  int cases = 0;
+  const std::vector<DeviceCaps> machines{cpu_caps(), cpu_caps(""), gpu_caps(75), gpu_caps(80),
+                                         gpu_caps(90)};
+  std::vector<std::optional<RouteId>> forces{std::nullopt};
+  for (RouteId id : kAllRoutes) forces.push_back(id);
+  for (const DeviceCaps& caps : machines)
+    for (Device device : {Device::cpu(), Device::cuda(0)})
+      for (Dtype dtype : {Dtype::f16, Dtype::bf16, Dtype::f32, Dtype::f64, Dtype::i32})
+        for (std::int64_t k : {1, 8, 27, 125})
+          for (bool identity : {false, true})
+            for (ConvPass pass : {ConvPass::forward, ConvPass::input_grad, ConvPass::weight_grad})
+              for (RelationKind kind : {RelationKind::submanifold, RelationKind::forward,
+                                        RelationKind::transposed_target, RelationKind::generative})
+                for (const auto& force : forces) {
+                  ConvProblem p = subm3();
+                  p.device = device;
+                  p.dtype = dtype;
+                  p.kernel_volume = k;
+                  p.identity_relation = identity && k == 1;
+                  p.pass = pass;
+                  p.relation = kind;
+                  p.n_out = kind == RelationKind::forward ? 400 : 1000;
+                  const RoutePolicy policy{.force = force};
+                  const Explanation e = explain(p, caps, policy);
+                  ASSERT_EQ(select(p, caps, policy), e.chosen) << e.to_string();
+                  ++cases;
+                  if (e.chosen) {
+                    ASSERT_TRUE(row_of(e, *e.chosen).verdict.admitted) << e.to_string();
+                  }
+                  if (force) {
+                    ASSERT_TRUE(!e.chosen || *e.chosen == *force) << e.to_string();
+                    ASSERT_EQ(e.chosen.has_value(), e.forced_reason.empty()) << e.to_string();
+                    continue;
+                  }
+                  // Unforced: the first admitted row in rank order, and nothing admitted above it.
+                  std::optional<RouteId> first;
+                  for (const RouteRow& r : e.rows)
+                    if (r.verdict.admitted) {
+                      first = r.id;
+                      break;
+                    }
+                  ASSERT_EQ(e.chosen, first) << e.to_string();
+                  for (const RouteRow& r : e.rows)
+                    ASSERT_EQ(r.verdict.admitted, r.verdict.reason.empty()) << e.to_string();
+                }
+  EXPECT_EQ(cases, 5 * 2 * 5 * 4 * 2 * 3 * 4 * 5);
+}
+
+// ---- the rendered explanation -------------------------------------------------------------------
+
+TEST(RouteExplanation, ToStringNamesTheChosenRouteAndEveryRejectedReason) {
+  ConvProblem p = subm3();
+  const DeviceCaps caps = cpu_caps("");
+  const Explanation e = explain(p, caps);
+  const std::string text = e.to_string();
+  EXPECT_TRUE(contains(text, e.problem)) << text;
+  EXPECT_TRUE(contains(text, e.caps)) << text;
+  EXPECT_TRUE(contains(text, "-> reference")) << text;
+  EXPECT_TRUE(contains(text, "chosen")) << text;
+  for (const RouteRow& r : e.rows) {
+    EXPECT_TRUE(contains(text, std::string(to_string(r.id)))) << text;
+    if (!r.verdict.admitted) {
+      EXPECT_TRUE(contains(text, "rejected: " + r.verdict.reason)) << text;
+    }
+  }
+  EXPECT_FALSE(contains(text, "no route admitted")) << text;
+}
+
+TEST(RouteExplanation, AdmittedButLowerRoutesSaySo) {
+  const std::string text = explain(pointwise(), cpu_caps()).to_string();
+  EXPECT_TRUE(contains(text, "-> pointwise_matmul")) << text;
+  EXPECT_TRUE(contains(text, "admitted, lower preference")) << text;
+}
+
+TEST(RouteExplanation, ProblemSummaryCarriesTheShapes) {
+  ConvProblem p = subm3();
+  p.deterministic = false;
+  p.allow_tf32 = true;
+  const std::string s = to_string(p);
+  for (const char* part : {"subm_conv3d", "forward", "submanifold", "float32", "cpu", "N_in=1000",
+                           "N_out=1000", "C_in=32", "C_out=64", "K=27", "edges=4400",
+                           "4.40 per output row", "non-deterministic allowed", "tf32 allowed"})
+    EXPECT_TRUE(contains(s, part)) << part << " in " << s;
+  EXPECT_TRUE(contains(to_string(pointwise()), "identity relation"));
+}
+
+TEST(RouteExplanation, CapsSummaryReportsABuildWithoutCuda) {
+  const std::string s = to_string(cpu_caps());
+  EXPECT_TRUE(contains(s, "2 threads")) << s;
+  EXPECT_TRUE(contains(s, "openblas")) << s;
+  EXPECT_TRUE(contains(s, "built without CUDA")) << s;
+  EXPECT_TRUE(contains(to_string(cpu_caps("")), "BLAS none"));
+  EXPECT_TRUE(contains(to_string(gpu_caps(80)), "tier tensor_core")) << to_string(gpu_caps(80));
+}
+
+// ---- tiers and names ----------------------------------------------------------------------------
+
+TEST(RouteTier, SmVersionsMapToTiers) {
+  EXPECT_EQ(tier_for_sm(0), GpuTier::none);
+  EXPECT_EQ(tier_for_sm(-1), GpuTier::none);
+  EXPECT_EQ(tier_for_sm(70), GpuTier::classic);
+  EXPECT_EQ(tier_for_sm(75), GpuTier::classic);
+  EXPECT_EQ(tier_for_sm(80), GpuTier::tensor_core);
+  EXPECT_EQ(tier_for_sm(86), GpuTier::tensor_core);
+  EXPECT_EQ(tier_for_sm(89), GpuTier::tensor_core);
+  EXPECT_EQ(tier_for_sm(90), GpuTier::hopper);
+  // wgmma/TMA are sm_90 features; later architectures get the mma.sync tier.
+  EXPECT_EQ(tier_for_sm(100), GpuTier::tensor_core);
+  EXPECT_EQ(tier_for_sm(120), GpuTier::tensor_core);
+}
+
+TEST(RouteTier, TierNames) {
+  EXPECT_EQ(to_string(GpuTier::none), "none");
+  EXPECT_EQ(to_string(GpuTier::classic), "classic");
+  EXPECT_EQ(to_string(GpuTier::tensor_core), "tensor_core");
+  EXPECT_EQ(to_string(GpuTier::hopper), "hopper");
+}
+
+TEST(RouteNames, EveryRouteRoundTripsThroughItsPublicName) {
+  for (RouteId id : kAllRoutes) {
+    const auto parsed = route_from_string(op_family(id), to_string(id));
+    ASSERT_TRUE(parsed.has_value()) << to_string(id);
+    EXPECT_EQ(*parsed, id);
+  }
+  EXPECT_EQ(to_string(RouteId::conv_gather_gemm_scatter), "gather_gemm_scatter");
+  EXPECT_EQ(to_string(RouteId::conv_pointwise_matmul), "pointwise_matmul");
+  EXPECT_EQ(to_string(RouteId::conv_reference), "reference");
+  EXPECT_EQ(to_string(RouteId::quantize_reference), "reference");
+  EXPECT_EQ(op_family(RouteId::conv_reference), "conv");
+  EXPECT_EQ(op_family(RouteId::quantize_reference), "quantize");
+}
+
+TEST(RouteNames, NamesResolveWithinTheirFamilyOnly) {
+  EXPECT_EQ(route_from_string("conv", "reference"), RouteId::conv_reference);
+  EXPECT_EQ(route_from_string("quantize", "reference"), RouteId::quantize_reference);
+  EXPECT_FALSE(route_from_string("quantize", "gather_gemm_scatter").has_value());
+  EXPECT_FALSE(route_from_string("conv", "implicit_gemm").has_value());
+  EXPECT_FALSE(route_from_string("conv", "").has_value());
+  EXPECT_FALSE(route_from_string("pool", "reference").has_value());
+  EXPECT_FALSE(route_from_string("conv", "conv_reference").has_value());  // no op prefix
+  EXPECT_FALSE(route_from_string("conv", "Reference").has_value());
+}
+
+// ---- the quantize table -------------------------------------------------------------------------
+
+TEST(RouteQuantize, Float32And64PointsOnCpuUseTheReference) {
+  for (Dtype d : {Dtype::f32, Dtype::f64}) {
+    const QuantizeProblem p{.dtype = d, .device = Device::cpu(), .n_points = 123389};
+    const Explanation e = explain(p, cpu_caps());
+    EXPECT_EQ(e.chosen, RouteId::quantize_reference) << to_string(d);
+    EXPECT_EQ(select(p, cpu_caps()), e.chosen);
+    ASSERT_EQ(e.rows.size(), 1u);
+    EXPECT_EQ(e.op, "sparse_quantize");
+    EXPECT_TRUE(contains(e.problem, "123389 points")) << e.problem;
+  }
+}
+
+TEST(RouteQuantize, OtherDtypesAndDevicesAreRejectedWithReasons) {
+  QuantizeProblem p{.dtype = Dtype::f16, .device = Device::cpu(), .n_points = 10};
+  Explanation e = explain(p, cpu_caps());
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_EQ(row_of(e, RouteId::quantize_reference).verdict.reason,
+            "needs float32 or float64 points, got float16");
+  p = QuantizeProblem{.dtype = Dtype::f32, .device = Device::cuda(0), .n_points = 10};
+  e = explain(p, gpu_caps(90));
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_TRUE(contains(row_of(e, RouteId::quantize_reference).verdict.reason, "cpu"));
+}
+
+TEST(RouteQuantize, ForcedRoutes) {
+  const QuantizeProblem p{.dtype = Dtype::f32, .device = Device::cpu(), .n_points = 10};
+  EXPECT_EQ(explain(p, cpu_caps(), RoutePolicy{.force = RouteId::quantize_reference}).chosen,
+            RouteId::quantize_reference);
+  const Explanation e = explain(p, cpu_caps(), RoutePolicy{.force = RouteId::conv_reference});
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_TRUE(contains(e.forced_reason, "is not a route of sparse_quantize")) << e.forced_reason;
+}
+
+}  // namespace
+}  // namespace lattice
