@@ -61,7 +61,7 @@ void bind_core(py::module_& m) {
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("device_caps", [] {
-    const DeviceCaps& c = device_caps();
+    const DeviceCaps c = device_caps();
     py::dict cpu, cuda, out;
     cpu["threads"] = c.cpu.threads;
     cpu["isa"] = c.cpu.isa;

@@ -13,6 +13,24 @@ Stride = Union[int, Sequence[int]]
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
+def _int_list(value: Any, what: str, op: str) -> list[int]:
+    """A sequence (list, tuple, 1-D array or tensor) of ints -> list[int]; anything else raises."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim != 1 or value.dtype in (torch.bool, np.bool_) or (
+            value.dtype.is_floating_point if isinstance(value, torch.Tensor) else value.dtype.kind not in "iu"
+        ):
+            raise TypeError(f"[{op}] {what}: expected a 1-D sequence of ints, got {value.dtype} with {value.ndim} dims")
+        return [int(v) for v in value.tolist()]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"[{op}] {what}: expected a sequence of ints, got {type(value).__name__}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"[{op}] {what}: expected a sequence of ints, got an element of type {type(v).__name__}")
+        out.append(int(v))
+    return out
+
+
 class SparseTensor:
     """A sparse voxel tensor: ``coords`` (N, 4) int32 rows ``(batch, x, y, z)`` and ``feats`` (N, C).
 
@@ -63,9 +81,7 @@ class SparseTensor:
                 c = c.to(torch.int32)
             c = c.contiguous()
             s = as_triple(stride, "stride", op)
-            counts = None
-            if batch_counts is not None:
-                counts = [int(v) for v in (batch_counts.tolist() if hasattr(batch_counts, "tolist") else batch_counts)]
+            counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
             self._cs = core.CoordinateSet.create(to_core(c), s, counts, validate)
             self._coords = c
         f = as_tensor(feats, "feats", op)

@@ -3,6 +3,7 @@
 #include "backend/kernel_table.h"
 
 #include "backend/cpu/caps.h"
+#include "lattice/core/threads.h"
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/cpu/quantize/quantize_routes.h"
 
@@ -36,8 +37,8 @@ QuantizeFn find_quantize_kernel(RouteId id) {
   }
 }
 
-const DeviceCaps& device_caps() {
-  static const DeviceCaps caps = [] {
+DeviceCaps device_caps() {
+  static const DeviceCaps cached = [] {
     DeviceCaps c;
     c.cpu = cpu::query_cpu_caps();
 #if LATTICE_HAS_CUDA
@@ -48,6 +49,8 @@ const DeviceCaps& device_caps() {
 #endif
     return c;
   }();
+  DeviceCaps caps = cached;
+  caps.cpu.threads = num_threads();
   return caps;
 }
 

@@ -23,7 +23,8 @@ const ConvKernels* find_conv_kernels(RouteId id);
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);
 
-// Capabilities of this process's devices (queried once, then cached).
-const DeviceCaps& device_caps();
+// Capabilities of this process's devices: queried once and cached, except the CPU thread
+// count, which is lattice's current setting (core/threads.h).
+DeviceCaps device_caps();
 
 }  // namespace lattice::backend

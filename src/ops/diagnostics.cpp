@@ -9,10 +9,10 @@
 
 namespace lattice {
 
-const DeviceCaps& device_caps() { return backend::device_caps(); }
+DeviceCaps device_caps() { return backend::device_caps(); }
 
 std::string backend_info() {
-  const DeviceCaps& caps = device_caps();
+  const DeviceCaps caps = device_caps();
   std::string s = "lattice " LATTICE_VERSION "\n";
   s += "  build: C++20, CUDA backend ";
   s += LATTICE_BUILD_CUDA ? "compiled" : "not compiled";

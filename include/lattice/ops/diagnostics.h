@@ -8,7 +8,7 @@
 namespace lattice {
 
 // Device capabilities as seen by the route layer.
-const DeviceCaps& device_caps();
+DeviceCaps device_caps();
 // Multi-line summary: version, build flags, CPU caps, CUDA status/tier.
 std::string backend_info();
 

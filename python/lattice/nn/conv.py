@@ -13,6 +13,13 @@ from ..tensor import SparseTensor
 IntOr3 = Union[int, Sequence[int]]
 
 
+def _at_least(value: IntOr3, what: str, op: str, minimum: int) -> tuple[int, int, int]:
+    v = as_triple(value, what, op)
+    if min(v) < minimum:
+        raise ValueError(f"[{op}] {what}: expected values >= {minimum}, got {v}")
+    return v
+
+
 class _ConvBase(torch.nn.Module):
     def __init__(self, op: str, in_channels: int, out_channels: int, kernel_size: IntOr3, bias: bool,
                  dtype: Optional[torch.dtype], device: Optional[torch.device]) -> None:
@@ -22,6 +29,8 @@ class _ConvBase(torch.nn.Module):
         self.in_channels = int(in_channels)
         self.out_channels = int(out_channels)
         self.kernel_size = as_triple(kernel_size, "kernel_size", op)
+        if min(self.kernel_size) < 1:
+            raise ValueError(f"[{op}] kernel_size: expected sizes >= 1, got {self.kernel_size}")
         kw = {"dtype": dtype, "device": device}
         self.weight = torch.nn.Parameter(torch.empty(out_channels, *self.kernel_size, in_channels, **kw))
         self.bias = torch.nn.Parameter(torch.empty(out_channels, **kw)) if bias else None
@@ -46,9 +55,9 @@ class Conv3d(_ConvBase):
                  padding: IntOr3 = 0, dilation: IntOr3 = 1, bias: bool = False, expand: bool = False,
                  dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
         super().__init__("Conv3d", in_channels, out_channels, kernel_size, bias, dtype, device)
-        self.stride = as_triple(stride, "stride", "Conv3d")
-        self.padding = as_triple(padding, "padding", "Conv3d")
-        self.dilation = as_triple(dilation, "dilation", "Conv3d")
+        self.stride = _at_least(stride, "stride", "Conv3d", 1)
+        self.padding = _at_least(padding, "padding", "Conv3d", 0)
+        self.dilation = _at_least(dilation, "dilation", "Conv3d", 1)
         self.expand = bool(expand)
 
     def forward(self, x: SparseTensor, coordinates: Optional[SparseTensor] = None) -> SparseTensor:
@@ -67,7 +76,7 @@ class SubmConv3d(_ConvBase):
                  bias: bool = False, dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None) -> None:
         super().__init__("SubmConv3d", in_channels, out_channels, kernel_size, bias, dtype, device)
-        self.dilation = as_triple(dilation, "dilation", "SubmConv3d")
+        self.dilation = _at_least(dilation, "dilation", "SubmConv3d", 1)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         return ops.subm_conv3d(x, self.weight, self.bias, kernel_size=self.kernel_size, dilation=self.dilation)
@@ -80,9 +89,9 @@ class ConvTranspose3d(_ConvBase):
                  padding: IntOr3 = 0, dilation: IntOr3 = 1, bias: bool = False,
                  dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
         super().__init__("ConvTranspose3d", in_channels, out_channels, kernel_size, bias, dtype, device)
-        self.stride = as_triple(stride, "stride", "ConvTranspose3d")
-        self.padding = as_triple(padding, "padding", "ConvTranspose3d")
-        self.dilation = as_triple(dilation, "dilation", "ConvTranspose3d")
+        self.stride = _at_least(stride, "stride", "ConvTranspose3d", 1)
+        self.padding = _at_least(padding, "padding", "ConvTranspose3d", 0)
+        self.dilation = _at_least(dilation, "dilation", "ConvTranspose3d", 1)
 
     def forward(self, x: SparseTensor, coordinates: Optional[SparseTensor] = None) -> SparseTensor:
         return ops.conv_transpose3d(x, self.weight, self.bias, kernel_size=self.kernel_size, stride=self.stride,
@@ -99,8 +108,8 @@ class GenerativeConvTranspose3d(_ConvBase):
                  dilation: IntOr3 = 1, bias: bool = False, dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None) -> None:
         super().__init__("GenerativeConvTranspose3d", in_channels, out_channels, kernel_size, bias, dtype, device)
-        self.stride = as_triple(stride, "stride", "GenerativeConvTranspose3d")
-        self.dilation = as_triple(dilation, "dilation", "GenerativeConvTranspose3d")
+        self.stride = _at_least(stride, "stride", "GenerativeConvTranspose3d", 1)
+        self.dilation = _at_least(dilation, "dilation", "GenerativeConvTranspose3d", 1)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         return ops.generative_conv_transpose3d(x, self.weight, self.bias, kernel_size=self.kernel_size,

@@ -9,13 +9,23 @@ import torch
 from .._core import as_tensor, core, from_core, to_core
 
 
-def _triple_float(v: Union[float, Sequence[float]], what: str) -> tuple[float, float, float]:
-    if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _triple_float(v: Any, what: str) -> tuple[float, float, float]:
+    if _is_number(v):
         return (float(v), float(v), float(v))
-    items = [float(i) for i in v]
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
+        raise TypeError(f"[sparse_quantize] {what}: expected a number or 3 numbers, got {type(v).__name__}")
+    items = list(v)
     if len(items) != 3:
         raise ValueError(f"[sparse_quantize] {what}: expected a number or 3 numbers, got {len(items)} values")
-    return (items[0], items[1], items[2])
+    if not all(_is_number(i) for i in items):
+        raise TypeError(f"[sparse_quantize] {what}: expected a number or 3 numbers, got {items!r}")
+    return (float(items[0]), float(items[1]), float(items[2]))
 
 
 def sparse_quantize(

@@ -201,7 +201,7 @@ void weight_grad_rows(const T* x, std::int64_t c_x, const std::int32_t* x_rows, 
 // count, so the result is the same for any number of threads.
 inline std::int64_t weight_grad_column_block(std::int64_t kernel_volume, std::int64_t c_in) {
   constexpr std::int64_t kMinItems = 8;  // enough items for 8 threads
-  if (kernel_volume >= kMinItems || c_in <= 16) return c_in;
+  if (kernel_volume >= kMinItems || c_in <= 16) return std::max<std::int64_t>(c_in, 1);
   const std::int64_t blocks = (kMinItems + kernel_volume - 1) / kernel_volume;
   return std::max<std::int64_t>(16, (c_in + blocks - 1) / blocks);
 }

@@ -1,0 +1,161 @@
+"""lattice.nn modules: equal to the functional ops they wrap, and composable into a small residual
+U-Net block that trains (loss decreases, every parameter gets a gradient, state_dict round trips)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import lattice
+import oracle
+from lattice import nn as lnn
+from lattice import ops
+from conftest import oracle_relation_for, random_coords
+
+
+class UNetBlock(torch.nn.Module):
+    """subm -> bn -> relu (skip) -> k2s2 down -> subm (+residual) -> transposed up onto the skip
+    -> cat with the skip -> linear head; side heads: transposed (generated) and generative up."""
+
+    def __init__(self, c_in: int = 3, c: int = 8) -> None:
+        super().__init__()
+        self.stem = lnn.SubmConv3d(c_in, c, 3)
+        self.bn0 = lnn.BatchNorm(c)
+        self.relu = lnn.ReLU()
+        self.down = lnn.Conv3d(c, 2 * c, kernel_size=2, stride=2, bias=True)
+        self.bn1 = lnn.BatchNorm(2 * c)
+        self.mid = lnn.SubmConv3d(2 * c, 2 * c, kernel_size=(3, 1, 3), bias=True)
+        self.up = lnn.ConvTranspose3d(2 * c, c, kernel_size=2, stride=2)
+        self.head = lnn.Linear(2 * c, 1)
+        self.side_up = lnn.ConvTranspose3d(2 * c, 1, kernel_size=3, stride=2, padding=1, bias=True)
+        self.side_gen = lnn.GenerativeConvTranspose3d(2 * c, 1, kernel_size=2, stride=2)
+
+    def forward(self, x: lattice.SparseTensor):
+        skip = self.relu(self.bn0(self.stem(x)))
+        d = self.relu(self.bn1(self.down(skip)))
+        m = self.mid(d)
+        m = self.relu(m.replace_feats(m.feats + d.feats))  # residual
+        u = self.up(m, coordinates=skip)
+        assert u.key == skip.key
+        y = self.head(ops.cat([skip, u]))
+        return y, self.side_up(m), self.side_gen(m)
+
+
+def _input(rng, n=80, c_in=3):
+    c = random_coords(rng, n, batches=2, extent=6, spread=5)
+    return lattice.SparseTensor(torch.from_numpy(c), torch.from_numpy(rng.standard_normal((c.shape[0], c_in))).float())
+
+
+def test_unet_block_sgd_steps_decrease_loss_and_every_parameter_gets_a_gradient(rng):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = UNetBlock()
+    x = _input(rng)
+    target = torch.from_numpy(rng.standard_normal((len(x), 1))).float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+
+    def loss_fn():
+        y, side, gen = model(x)
+        assert y.key == x.key and tuple(y.feats.shape) == (len(x), 1)
+        assert side.stride == (1, 1, 1) and gen.stride == (1, 1, 1)
+        return torch.nn.functional.mse_loss(y.feats, target) + 0.1 * side.feats.pow(2).mean() + 0.1 * gen.feats.pow(2).mean()
+
+    losses = []
+    for step in range(15):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        if step == 0:
+            for name, p in model.named_parameters():
+                assert p.grad is not None, f"{name} got no gradient"
+                assert torch.isfinite(p.grad).all(), name
+                assert p.grad.abs().sum() > 0, f"{name} got an all-zero gradient"
+        opt.step()
+        losses.append(float(loss))
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_unet_block_state_dict_round_trip_reproduces_outputs(rng):
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        a = UNetBlock()
+        torch.manual_seed(2)
+        b = UNetBlock()
+    x = _input(rng)
+    a.train()
+    a(x)  # update BatchNorm running statistics
+    a.eval()
+    b.load_state_dict(a.state_dict())
+    b.eval()
+    for ya, yb in zip(a(x), b(x)):
+        assert torch.equal(ya.feats, yb.feats)
+        assert torch.equal(ya.coords, yb.coords)
+    assert set(a.state_dict()) == set(b.state_dict())
+    assert "bn0.running_mean" in a.state_dict() and "stem.weight" in a.state_dict()
+    assert tuple(a.state_dict()["stem.weight"].shape) == (8, 3, 3, 3, 3)
+
+
+@pytest.mark.parametrize("module, op, kw", [
+    (lambda: lnn.SubmConv3d(3, 4, (3, 1, 5), dilation=2, bias=True), "subm_conv3d", dict(dilation=2)),
+    (lambda: lnn.Conv3d(3, 4, 3, stride=(2, 1, 2), padding=1), "conv3d", dict(stride=(2, 1, 2), padding=1)),
+    (lambda: lnn.Conv3d(3, 4, 2, stride=2, expand=True, bias=True), "conv3d", dict(stride=2, expand=True)),
+    (lambda: lnn.ConvTranspose3d(3, 4, 3, stride=1, padding=1), "conv_transpose3d", dict(padding=1)),
+    (lambda: lnn.GenerativeConvTranspose3d(3, 4, 2, stride=1, bias=True), "generative_conv_transpose3d", {}),
+], ids=["SubmConv3d", "Conv3d", "Conv3d_expand", "ConvTranspose3d", "GenerativeConvTranspose3d"])
+def test_nn_conv_module_equals_oracle_with_its_weight(rng, module, op, kw):
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        m = module().double()
+    coords = random_coords(rng, 30)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.from_numpy(rng.standard_normal((coords.shape[0], 3))))
+    y = m(x)
+    ks = m.kernel_size
+    assert tuple(m.weight.shape) == (4, *ks, 3)
+    bound = 1.0 / np.sqrt(3 * np.prod(ks))
+    assert float(m.weight.abs().max()) <= bound
+    rel = oracle_relation_for(op, coords, ks, **kw)
+    wk = oracle.weight_to_kcc(m.weight.detach().numpy())
+    bias = None if m.bias is None else m.bias.detach().numpy()
+    ref = oracle.conv_forward(x.feats.numpy(), wk, rel.in_idx, rel.out_idx, rel.k_idx, rel.n_out, bias)
+    np.testing.assert_array_equal(y.coords.numpy(), rel.out_coords)
+    oracle.assert_close(y.feats, ref, "f64", type(m).__name__)
+
+
+def test_nn_conv_transpose3d_with_target_lands_on_target_rows(rng):
+    with torch.random.fork_rng():
+        torch.manual_seed(4)
+        down = lnn.Conv3d(2, 3, 2, stride=2).double()
+        up = lnn.ConvTranspose3d(3, 2, 2, stride=2).double()
+    coords = random_coords(rng, 30)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.from_numpy(rng.standard_normal((coords.shape[0], 2))))
+    d = down(x)
+    u = up(d, coordinates=x)
+    assert u.key == x.key and u.stride == (1, 1, 1)
+    rel = oracle.transposed_relation(d.coords.numpy(), 2, 2, target=coords)
+    ref = oracle.conv_forward(d.feats.detach().numpy(), oracle.weight_to_kcc(up.weight.detach().numpy()),
+                              rel.in_idx, rel.out_idx, rel.k_idx, rel.n_out)
+    oracle.assert_close(u.feats, ref, "f64", "ConvTranspose3d onto target")
+
+
+def test_nn_batchnorm_relu_linear_act_on_features_and_keep_identity(rng):
+    x = _input(rng, n=40, c_in=4)
+    bn, relu, lin = lnn.BatchNorm(4), lnn.ReLU(), lnn.Linear(4, 2)
+    y = bn(x)
+    assert y.key == x.key
+    f = x.feats
+    expected = (f - f.mean(0)) / torch.sqrt(f.var(0, unbiased=False) + bn.eps)
+    torch.testing.assert_close(y.feats, expected, rtol=1e-5, atol=1e-5)
+    r = relu(y)
+    assert r.key == x.key and torch.equal(r.feats, y.feats.clamp_min(0))
+    o = lin(r)
+    assert o.key == x.key and torch.allclose(o.feats, r.feats @ lin.weight.T + lin.bias)
+    relu_inplace = lnn.ReLU(inplace=True)
+    before = y.feats.clone()
+    relu_inplace(y)
+    assert torch.equal(y.feats, before), "ReLU(inplace=True) modified the caller's features"
+
+
+def test_nn_conv_module_rejects_non_positive_channels():
+    with pytest.raises(ValueError, match=r"^\[Conv3d\] channels: expected positive in/out channels"):
+        lnn.Conv3d(0, 4, 3)
