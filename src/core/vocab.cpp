@@ -17,7 +17,11 @@ std::string_view to_string(RelationKind kind) {
 }
 
 std::string to_string(const Int3& v) {
-  return "(" + std::to_string(v[0]) + ", " + std::to_string(v[1]) + ", " + std::to_string(v[2]) + ")";
+  // Appended piecewise: GCC 12 reports a false -Wrestrict on `"(" + std::to_string(...)` chains.
+  std::string s = "(";
+  s.append(std::to_string(v[0])).append(", ").append(std::to_string(v[1])).append(", ");
+  s.append(std::to_string(v[2])).append(")");
+  return s;
 }
 
 std::string to_string(const KernelSpec& spec) {

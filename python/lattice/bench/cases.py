@@ -1,0 +1,681 @@
+"""Benchmark cases by group, and the presets that select them.
+
+Groups (BENCHMARKS.md "Axes"): ``conv`` (submanifold k3, forward k2 s2 and k3 s2, transposed k2 s2
+onto a target, generative k2 s2, pointwise k1), ``relations`` (coordinate index and map building
+alone), ``pooling`` (not landed yet), ``point_voxel`` (sparse_quantize), ``networks`` (MinkUNet42).
+
+A case is labelled by public shape — group / operation geometry / workload / channels — and records
+the route that ran beside its numbers. Dtype and device are properties of the run, not of the name,
+so ``--compare`` can put a float16 run next to a float32 one.
+
+Conv timings (milliseconds, median and p95 of the repeats):
+
+=============  ====================================================================================
+``map_cold``   fresh SparseTensor(s) + ``lattice.ops.conv.plan`` (coordinate index + relation)
+``map_hot``    ``plan`` on a tensor whose relation is cached (the cache lookup)
+``cold``       fresh SparseTensor(s) + the public op: map building + forward (BENCHMARKS "cold")
+``hot``        the public op on a tensor whose relation is cached: forward only (BENCHMARKS "hot")
+``input_grad`` ``core.conv_backward`` with only the input gradient requested (relation cached)
+``weight_grad`` ``core.conv_backward`` with only the weight gradient requested
+``fwd_bwd``    the public op with features and weight requiring grad, then ``torch.autograd.grad``
+=============  ====================================================================================
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+import lattice
+from lattice import nn as lnn
+from lattice import ops
+from lattice._core import core, from_core, to_core
+from lattice.tensor import SparseTensor
+
+from . import anchors, workloads
+from .timing import measure
+
+# -- run context -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What every case needs: device, dtype, repeat policy and the same-run ceilings."""
+
+    device: str
+    dtype: torch.dtype
+    repeats: Optional[int] = None
+    warmup: int = 1
+    ceilings: dict = field(default_factory=dict)
+    seed: int = 0
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+    def generator(self, salt: int) -> torch.Generator:
+        return torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + salt)
+
+    def randn(self, *shape: int, salt: int, scale: float = 1.0) -> torch.Tensor:
+        """Fresh random values (never zeros), generated on CPU for reproducibility, then moved."""
+        t = torch.randn(*shape, generator=self.generator(salt)) * scale
+        return t.to(device=self.device, dtype=self.dtype)
+
+    def time(self, fn: Callable[[Any], Any], setup: Optional[Callable[[], Any]] = None,
+             repeats: Optional[int] = None) -> dict:
+        return measure(fn, device=self.device, repeats=repeats or self.repeats, warmup=self.warmup,
+                       setup=setup).as_dict()
+
+
+@dataclass
+class Case:
+    """One benchmark: ``run(ctx)`` returns the result dict (see report.py for its fields)."""
+
+    name: str
+    group: str
+    run: Callable[[Context], dict]
+    workload: str = ""
+
+
+class CaseSkipped(Exception):
+    """Raised by a case that cannot run here; the message is the printed reason."""
+
+
+# -- metric helpers ----------------------------------------------------------------------------------
+
+
+def _rate(amount: Optional[float], timing: Optional[dict]) -> Optional[float]:
+    if amount is None or timing is None or not timing.get("median_ms"):
+        return None
+    return amount / (timing["median_ms"] * 1e-3)
+
+
+def attach_rates(result: dict, ctx: Context, work: dict[str, tuple[Optional[float], Optional[float]]]) -> None:
+    """For each timing with known work (flop, bytes): achieved FLOP/s, bytes/s and % of the ceilings."""
+    rates = {}
+    gemm = ctx.ceilings.get("gemm_flops")
+    copy = ctx.ceilings.get("copy_bytes_per_s")
+    for key, (flop, nbytes) in work.items():
+        t = result["timings"].get(key)
+        if t is None:
+            continue
+        f, b = _rate(flop, t), _rate(nbytes, t)
+        rates[key] = {
+            "flop": flop,
+            "bytes": nbytes,
+            "flop_per_s": f,
+            "bytes_per_s": b,
+            "pct_gemm_ceiling": (100.0 * f / gemm) if (f is not None and gemm) else None,
+            "pct_copy_ceiling": (100.0 * b / copy) if (b is not None and copy) else None,
+        }
+    result["rates"] = rates
+
+
+def attach_anchor(result: dict, ctx: Context, columns: dict[str, str], row: Optional[dict[str, float]]) -> None:
+    """our/anchor ratios for the timings that match a column of an anchor row (lower is better)."""
+    if row is None or result.get("workload_source") != "shared":
+        return
+    ratios = {}
+    for timing_key, col in columns.items():
+        t = result["timings"].get(timing_key)
+        if t is not None and col in row:
+            ratios[timing_key] = {"anchor_ms": row[col], "ours_ms": t["median_ms"], "ratio": t["median_ms"] / row[col],
+                                  "column": col}
+    if ratios:
+        result["anchor"] = {"engine": anchors.describe(ctx.device, ctx.dtype_name), "ratios": ratios}
+
+
+# -- convolution -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    tag: str  # name part: subm3, k2s2, k3s2, tr_k2s2, gen_k2s2, pw
+    op: str  # public op name
+    kind: str  # relation kind
+    kernel: int
+    stride: int
+    coarse_input: bool  # input is the k2 s2 parent of the workload (transposed, generative)
+    onto_target: bool  # output lands on the workload's own rows (transposed onto skip)
+    anchor_columns: tuple[tuple[str, str], ...] = ()
+
+
+GEOMETRIES = {
+    g.tag: g
+    for g in (
+        ConvGeometry("subm3", "subm_conv3d", "submanifold", 3, 1, False, False,
+                     (("hot", "subm3_hot"), ("cold", "subm3_cold"), ("fwd_bwd", "subm3_fwd_bwd"))),
+        ConvGeometry("k2s2", "conv3d", "forward", 2, 2, False, False, (("cold", "k2s2_cold"),)),
+        ConvGeometry("k3s2", "conv3d", "forward", 3, 2, False, False),
+        ConvGeometry("tr_k2s2", "conv_transpose3d", "transposed_target", 2, 2, True, True),
+        ConvGeometry("gen_k2s2", "generative_conv_transpose3d", "generative", 2, 2, True, False),
+        ConvGeometry("pw", "subm_conv3d", "submanifold", 1, 1, False, False),
+    )
+}
+
+_OP_FN = {
+    "subm_conv3d": ops.subm_conv3d,
+    "conv3d": ops.conv3d,
+    "conv_transpose3d": ops.conv_transpose3d,
+    "generative_conv_transpose3d": ops.generative_conv_transpose3d,
+}
+
+
+class _ConvSetup:
+    """Inputs of one conv case on the device: coordinates, features, weight, gradient."""
+
+    def __init__(self, ctx: Context, geom: ConvGeometry, workload: str, c_in: int, c_out: int) -> None:
+        self.ctx, self.geom = ctx, geom
+        dev = ctx.device
+        fine = torch.from_numpy(np.array(workloads.coords(workload))).to(dev)
+        self.fine = fine
+        if geom.coarse_input:
+            probe = SparseTensor(fine, torch.empty(fine.shape[0], 0, device=dev))
+            pw = torch.empty(1, 2, 2, 2, 1)
+            p = ops.conv.plan("conv3d", "forward", probe, pw, kernel_size=2, stride=2)
+            self.in_coords, self.in_stride = from_core(p.output.coords()).clone(), 2
+        else:
+            self.in_coords, self.in_stride = fine, 1
+        n_in = self.in_coords.shape[0]
+        self.feats = ctx.randn(n_in, c_in, salt=1)
+        k = geom.kernel
+        self.weight = ctx.randn(c_out, k, k, k, c_in, salt=2, scale=1.0 / math.sqrt(c_in * k**3))
+        self.target_feats = torch.empty(fine.shape[0], 0, device=dev, dtype=ctx.dtype)
+        self.kw: dict[str, Any] = {"kernel_size": k}
+        if geom.stride != 1:
+            self.kw["stride"] = geom.stride
+
+    def fresh(self) -> tuple[SparseTensor, Optional[SparseTensor]]:
+        """New SparseTensors (new coordinate identities, nothing cached) over the same values."""
+        x = SparseTensor(self.in_coords, self.feats, stride=self.in_stride)
+        t = SparseTensor(self.fine, self.target_feats) if self.geom.onto_target else None
+        return x, t
+
+    def kwargs(self, target: Optional[SparseTensor]) -> dict:
+        kw = dict(self.kw)
+        if target is not None:
+            kw["coordinates"] = target
+        return kw
+
+    def call(self, x: SparseTensor, target: Optional[SparseTensor],
+             weight: Optional[torch.Tensor] = None) -> SparseTensor:
+        return _OP_FN[self.geom.op](x, self.weight if weight is None else weight, **self.kwargs(target))
+
+    def plan(self, x: SparseTensor, target: Optional[SparseTensor]) -> Any:
+        return ops.conv.plan(self.geom.op, self.geom.kind, x, self.weight, **self.kwargs(target))
+
+    def routes(self, x: SparseTensor, target: Optional[SparseTensor]) -> dict[str, Optional[str]]:
+        out = {}
+        for pass_ in ("forward", "input_grad", "weight_grad"):
+            out[pass_] = lattice.explain(self.geom.op, x, self.weight, pass_=pass_, **self.kwargs(target)).chosen
+        return out
+
+
+def _relation_fields(p: Any) -> dict:
+    r = p.relation
+    return {
+        "relation_kind": r.kind,
+        "n_in": int(r.n_in),
+        "n_out": int(r.n_out),
+        "pairs": int(r.n_edges),
+        "kernel_volume": int(r.kernel_volume),
+        "avg_offsets": (r.n_edges / r.n_out) if r.n_out else 0.0,
+    }
+
+
+def conv_work(n_in: int, n_out: int, pairs: int, kvol: int, c_in: int, c_out: int,
+              esize: int) -> dict[str, tuple[float, float]]:
+    """(FLOP, bytes) per timed pass. FLOP = 2 * pairs * C_in * C_out per pass. Bytes (estimate):
+    gathered source rows + weights + written rows; weight grad reads both sides of every pair."""
+    flop = 2.0 * pairs * c_in * c_out
+    wbytes = kvol * c_in * c_out * esize
+    fwd = (pairs * c_in + n_out * c_out) * esize + wbytes
+    dx = (pairs * c_out + n_in * c_in) * esize + wbytes
+    dw = pairs * (c_in + c_out) * esize + wbytes
+    return {
+        "cold": (flop, fwd),
+        "hot": (flop, fwd),
+        "input_grad": (flop, dx),
+        "weight_grad": (flop, dw),
+        "fwd_bwd": (3 * flop, fwd + dx + dw),
+    }
+
+
+def conv_case(tag: str, workload: str, c_in: int, c_out: int) -> Case:
+    geom = GEOMETRIES[tag]
+    chan = f"C{c_in}" if c_in == c_out else f"C{c_in}x{c_out}"
+    name = f"conv/{tag}/{workload}/{chan}"
+
+    def run(ctx: Context) -> dict:
+        s = _ConvSetup(ctx, geom, workload, c_in, c_out)
+        x, tgt = s.fresh()
+        s.call(x, tgt)  # builds and caches the relation of the hot tensor
+        p = s.plan(x, tgt)
+        res: dict[str, Any] = {
+            "op": geom.op, "kernel_size": geom.kernel, "stride": geom.stride, "c_in": c_in, "c_out": c_out,
+            **_relation_fields(p),
+        }
+        res["routes"] = s.routes(x, tgt)
+        res["route"] = res["routes"]["forward"]
+        gy = ctx.randn(res["n_out"], c_out, salt=3)
+        timings: dict[str, dict] = {}
+
+        timings["map_cold"] = ctx.time(lambda a: s.plan(*a), setup=s.fresh)
+        timings["map_hot"] = ctx.time(lambda _: s.plan(x, tgt))
+        timings["cold"] = ctx.time(lambda a: s.call(*a), setup=s.fresh)
+        with torch.no_grad():
+            timings["hot"] = ctx.time(lambda _: s.call(x, tgt))
+
+        def backward(need_x: bool, need_w: bool) -> Callable[[Any], Any]:
+            def fn(_: Any) -> list:
+                grads = core.conv_backward(p, to_core(s.feats), to_core(s.weight), to_core(gy), need_x, need_w, False)
+                return [from_core(g) for g in grads if g is not None]
+            return fn
+
+        timings["input_grad"] = ctx.time(backward(True, False))
+        timings["weight_grad"] = ctx.time(backward(False, True))
+        fx = s.feats.clone().requires_grad_(True)
+        fw = s.weight.clone().requires_grad_(True)
+        xg = x.replace_feats(fx)  # same coordinate identity: relation stays cached
+
+        def fwd_bwd(_: Any) -> Any:
+            y = s.call(xg, tgt, fw)
+            return torch.autograd.grad(y.feats, (fx, fw), gy)
+
+        timings["fwd_bwd"] = ctx.time(fwd_bwd)
+        res["timings"] = timings
+        res["workload_source"] = workloads.source(workload)
+        esize = torch.empty(0, dtype=ctx.dtype).element_size()
+        work = conv_work(res["n_in"], res["n_out"], res["pairs"], res["kernel_volume"], c_in, c_out, esize)
+        attach_rates(res, ctx, work)
+        if c_in == c_out and geom.anchor_columns:
+            row = anchors.conv_anchor(ctx.device, ctx.dtype_name, workload, c_in)
+            attach_anchor(res, ctx, dict(geom.anchor_columns), row)
+        return res
+
+    return Case(name, "conv", run, workload)
+
+
+# -- relations / coordinates (map building alone) ----------------------------------------------------
+
+
+def relation_case(tag: str, workload: str, channels: int = 32) -> Case:
+    """Coordinate index and relation building alone; the route is the forward route of the conv
+    (at ``channels`` in and out) that would consume the relation."""
+    geom = GEOMETRIES[tag]
+    name = f"relations/{tag}/{workload}"
+
+    def run(ctx: Context) -> dict:
+        s = _ConvSetup(ctx, geom, workload, channels, channels)
+        x, tgt = s.fresh()
+        p = s.plan(x, tgt)
+        res: dict[str, Any] = {"op": geom.op, "kernel_size": geom.kernel, "stride": geom.stride, **_relation_fields(p)}
+        res["route"] = lattice.explain(geom.op, x, s.weight, **s.kwargs(tgt)).chosen
+        res["route_note"] = f"forward route of the C{channels} conv consuming this relation"
+
+        def index(a: tuple) -> Any:
+            xi, ti = a
+            xi.validate()  # builds the coordinate hash index (and checks rows are unique)
+            if ti is not None:
+                ti.validate()
+            return a
+
+        res["timings"] = {
+            "index": ctx.time(index, setup=s.fresh),
+            "map_cold": ctx.time(lambda a: s.plan(*a), setup=s.fresh),
+            "map_hot": ctx.time(lambda _: s.plan(x, tgt)),
+        }
+        res["workload_source"] = workloads.source(workload)
+        res["rates"] = {}
+        return res
+
+    return Case(name, "relations", run, workload)
+
+
+# -- point / voxel -----------------------------------------------------------------------------------
+
+
+def quantize_case(points_name: str, voxel: float) -> Case:
+    name = f"point_voxel/sparse_quantize/{points_name}/v{voxel:g}"
+
+    def run(ctx: Context) -> dict:
+        pts = torch.from_numpy(np.array(workloads.points(points_name))).to(ctx.device)
+        c, inv, counts = ops.sparse_quantize(pts, voxel)
+        m, n = int(c.shape[0]), int(pts.shape[0])
+        res: dict[str, Any] = {
+            "op": "sparse_quantize", "voxel_size": voxel, "n_in": n, "n_out": m, "pairs": n,
+            "avg_offsets": n / m if m else 0.0,
+            "route": lattice.explain("sparse_quantize", pts).chosen,
+            "route_note": "pairs = point->voxel pairs; avg = points per voxel",
+        }
+        res["timings"] = {"quantize": ctx.time(lambda _: ops.sparse_quantize(pts, voxel))}
+        res["workload_source"] = "kitti scan" if points_name.startswith("kitti") else "lattice.bench"
+        # bytes: read points, write (M, 4) int32 coords, (P,) int64 inverse, (M,) int64 counts
+        nbytes = float(n * pts.element_size() * 3 + m * 16 + n * 8 + m * 8)
+        attach_rates(res, ctx, {"quantize": (None, nbytes)})
+        return res
+
+    return Case(name, "point_voxel", run, points_name)
+
+
+# -- networks: MinkUNet42 (BENCHMARKS.md "End-to-end network") ---------------------------------------
+
+
+class ConvBnRelu(torch.nn.Module):
+    """conv -> BatchNorm -> ReLU; ``conv`` is any lattice.nn conv module."""
+
+    def __init__(self, conv: torch.nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+        self.bn = lnn.BatchNorm(conv.out_channels)
+        self.relu = lnn.ReLU()
+
+    def forward(self, x: SparseTensor, *target: SparseTensor) -> SparseTensor:
+        return self.relu(self.bn(self.conv(x, *target)))
+
+
+class ResidualBlock(torch.nn.Module):
+    """relu(bn(subm3(relu(bn(subm3(x))))) + shortcut(x)); shortcut = 1x1 conv + BN when C changes."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv1 = lnn.SubmConv3d(c_in, c_out, 3)
+        self.bn1 = lnn.BatchNorm(c_out)
+        self.conv2 = lnn.SubmConv3d(c_out, c_out, 3)
+        self.bn2 = lnn.BatchNorm(c_out)
+        self.relu = lnn.ReLU()
+        self.proj = None if c_in == c_out else torch.nn.Sequential(lnn.SubmConv3d(c_in, c_out, 1), lnn.BatchNorm(c_out))
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        skip = x if self.proj is None else self.proj(x)
+        return self.relu(y.replace_feats(y.feats + skip.feats))
+
+
+class MinkUNet42(torch.nn.Module):
+    """The SemanticKITTI MinkUNet (TorchSparse's SparseResUNet42) built from lattice.nn.
+
+    Stem: two subm k3 (C_in -> 32 -> 32). Encoder: four stages of k2 s2 conv + two residual blocks,
+    channels 32, 64, 128, 256. Decoder: four stages of k2 s2 transposed conv onto the skip's rows,
+    concatenation with the skip, two residual blocks, channels 256, 128, 96, 96. Head: 1x1 -> classes.
+    BatchNorm + ReLU after every conv.
+    """
+
+    CHANNELS = (32, 32, 64, 128, 256, 256, 128, 96, 96)
+
+    def __init__(self, in_channels: int = 4, num_classes: int = 19) -> None:
+        super().__init__()
+        cs = self.CHANNELS
+        self.stem = torch.nn.Sequential(
+            ConvBnRelu(lnn.SubmConv3d(in_channels, cs[0], 3)), ConvBnRelu(lnn.SubmConv3d(cs[0], cs[0], 3)))
+        self.down = torch.nn.ModuleList()
+        for i in range(4):
+            c_prev = cs[i]
+            self.down.append(torch.nn.Sequential(
+                ConvBnRelu(lnn.Conv3d(c_prev, c_prev, 2, stride=2)),
+                ResidualBlock(c_prev, cs[i + 1]),
+                ResidualBlock(cs[i + 1], cs[i + 1]),
+            ))
+        self.up = torch.nn.ModuleList()
+        self.up_blocks = torch.nn.ModuleList()
+        for i in range(4):
+            c_prev, c_out, c_skip = cs[4 + i], cs[5 + i], cs[3 - i]
+            self.up.append(ConvBnRelu(lnn.ConvTranspose3d(c_prev, c_out, 2, stride=2)))
+            self.up_blocks.append(
+                torch.nn.Sequential(ResidualBlock(c_out + c_skip, c_out), ResidualBlock(c_out, c_out)))
+        self.head = lnn.Linear(cs[8], num_classes)
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        skips = [self.stem(x)]
+        for stage in self.down:
+            skips.append(stage(skips[-1]))
+        y = skips[-1]
+        for i in range(4):
+            skip = skips[3 - i]
+            y = self.up[i](y, skip)
+            y = self.up_blocks[i](ops.cat([y, skip]))
+        return self.head(y)
+
+
+_MODULE_OPS = {
+    lnn.SubmConv3d: ("subm_conv3d", "submanifold"),
+    lnn.Conv3d: ("conv3d", "forward"),
+    lnn.ConvTranspose3d: ("conv_transpose3d", "transposed"),
+    lnn.GenerativeConvTranspose3d: ("generative_conv_transpose3d", "generative"),
+}
+
+
+def record_conv_layers(model: torch.nn.Module, x: SparseTensor) -> list[dict]:
+    """Runs ``model(x)`` once with hooks on every lattice conv module; per layer: op, N, pairs, route."""
+    layers: list[dict] = []
+    handles = []
+
+    def hook_for(name: str, mod: torch.nn.Module):
+        op, kind = _MODULE_OPS[type(mod)]
+
+        def hook(m: torch.nn.Module, inputs: tuple, _out: Any) -> None:
+            inp = inputs[0]
+            kw: dict[str, Any] = {"kernel_size": m.kernel_size}
+            if hasattr(m, "stride") and m.stride != (1, 1, 1):
+                kw["stride"] = m.stride
+            k = kind
+            if len(inputs) > 1 and inputs[1] is not None:
+                kw["coordinates"] = inputs[1]
+                k = "transposed_target" if op == "conv_transpose3d" else "target"
+            p = ops.conv.plan(op, k, inp, m.weight, **kw)  # cached: the call just built it
+            rec = {"layer": name, "op": op, "c_in": m.in_channels, "c_out": m.out_channels,
+                   "kernel_size": list(m.kernel_size), "stride": list(getattr(m, "stride", (1, 1, 1))),
+                   **_relation_fields(p)}
+            rec["route"] = lattice.explain(op, inp, m.weight.detach(), **kw).chosen
+            layers.append(rec)
+        return hook
+
+    for name, mod in model.named_modules():
+        if type(mod) in _MODULE_OPS:
+            handles.append(mod.register_forward_hook(hook_for(name, mod)))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return layers
+
+
+def network_case(workload: str, batch: int) -> Case:
+    name = f"networks/minkunet42/{workload}/b{batch}"
+
+    def run(ctx: Context) -> dict:
+        dev = ctx.device
+        coords = torch.from_numpy(np.array(workloads.coords(workload))).to(dev)
+        n = coords.shape[0]
+        got = int(coords[:, 0].max().item()) + 1 if n else 0
+        if got != batch:
+            raise ValueError(f"[bench] {name}: workload has {got} batches, expected {batch}")
+        torch.manual_seed(ctx.seed)
+        model = MinkUNet42().to(device=dev, dtype=ctx.dtype)
+        feats = ctx.randn(n, 4, salt=11)
+        labels = torch.randint(0, 19, (n,), generator=ctx.generator(12)).to(dev)
+
+        def fresh() -> SparseTensor:  # fresh tensor per call: every map is rebuilt (as the anchors)
+            return SparseTensor(coords, feats)
+
+        model.eval()
+        layers = record_conv_layers(model, fresh())
+        with torch.no_grad():
+            t_inf = ctx.time(lambda x: model(x), setup=fresh)
+
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+        def step(x: SparseTensor) -> Any:
+            opt.zero_grad(set_to_none=True)
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out.feats.float(), labels)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        t_train = ctx.time(step, setup=fresh)
+        routes: dict[str, int] = {}
+        for rec in layers:
+            routes[str(rec["route"])] = routes.get(str(rec["route"]), 0) + 1
+        pairs = sum(r["pairs"] for r in layers)
+        rows_out = sum(r["n_out"] for r in layers)
+        esize = torch.empty(0, dtype=ctx.dtype).element_size()
+        flop = bytes_fwd = 0.0
+        for r in layers:
+            w = conv_work(r["n_in"], r["n_out"], r["pairs"], r["kernel_volume"], r["c_in"], r["c_out"], esize)
+            flop += w["hot"][0]
+            bytes_fwd += w["hot"][1]
+        res: dict[str, Any] = {
+            "op": "MinkUNet42", "batch": batch, "n_in": n, "n_out": n, "pairs": pairs,
+            "avg_offsets": pairs / rows_out if rows_out else 0.0,
+            "route": ", ".join(f"{k} x{v}" for k, v in sorted(routes.items(), key=lambda kv: -kv[1])),
+            "routes": routes, "conv_layers": len(layers), "layers": layers,
+            "params": sum(p.numel() for p in model.parameters()),
+            "timings": {"inference": t_inf, "train_step": t_train},
+            "workload_source": workloads.source(workload),
+            "note": "maps rebuilt every call (fresh SparseTensor); FLOP counts sparse conv layers only",
+        }
+        attach_rates(res, ctx, {"inference": (flop, bytes_fwd), "train_step": (3 * flop, 3 * bytes_fwd)})
+        attach_anchor(res, ctx, {"inference": "inference", "train_step": "train_step"},
+                      anchors.network_anchor(ctx.device, ctx.dtype_name, workload, batch))
+        return res
+
+    return Case(name, "networks", run, workload)
+
+
+# -- presets ----------------------------------------------------------------------------------------
+
+CONV_TAGS = ("subm3", "k2s2", "k3s2", "tr_k2s2", "gen_k2s2", "pw")
+
+
+@dataclass
+class Selection:
+    """Options that shape the case list (see ``lattice.bench --help``)."""
+
+    preset: str = "smoke"
+    device: str = "cpu"
+    channels: Optional[list[int]] = None
+    sizes: Optional[list[int]] = None
+    case_filter: Optional[str] = None
+
+
+def _resize(workload: str, sizes: Optional[list[int]]) -> list[str]:
+    """``grid_20k`` with sizes [1e5, 1e6] -> [grid_100k, grid_1m]; other names unchanged."""
+    m = re.match(r"^((?:grid|plane|isolated|line\d*|block\d*))_\w+$", workload)
+    if not sizes or not m:
+        return [workload]
+    return [f"{m.group(1)}_{workloads.format_count(n)}" for n in sizes]
+
+
+def _network_workloads(batch: int) -> str:
+    if workloads.kitti_path() is not None:
+        return "kitti" if batch == 1 else "kitti_x2"
+    return "lidar" if batch == 1 else "lidar_x2"
+
+
+def _preset_specs(sel: Selection) -> list[tuple]:
+    """('conv', tag, workload, C) | ('relations', tag, workload) | ('quantize', points, voxel) |
+    ('network', workload, batch)."""
+    specs: list[tuple] = []
+    cuda = sel.device == "cuda"
+    kitti_points = "kitti_points" if workloads.kitti_path() is not None else "lidar_points"
+    if sel.preset == "smoke":
+        for tag in CONV_TAGS:
+            specs.append(("conv", tag, "grid_20k", 16))
+        specs += [("conv", "subm3", "block4_10k", 16), ("conv", "subm3", "line8_10k", 16)]
+        # one anchor row (kitti C32) so the anchor path runs in CI
+        if workloads.kitti_path() is not None:
+            specs += [("conv", "subm3", "kitti", 32), ("conv", "k2s2", "kitti", 32)]
+        specs += [("relations", t, "grid_20k") for t in ("subm3", "k2s2", "tr_k2s2", "gen_k2s2")]
+        specs.append(("quantize", "lidar_small_points", 0.05))
+        specs.append(("network", "lidar_tiny", 1))  # small: smoke checks the network runs, not its speed
+    elif sel.preset == "standard":
+        table = anchors.GPU if cuda else anchors.CPU
+        rows = list(table["conv"].keys())
+        for wl, c in rows:
+            specs += [("conv", "subm3", wl, c), ("conv", "k2s2", wl, c)]
+        for wl in dict.fromkeys(wl for wl, _ in rows):
+            specs += [("relations", "subm3", wl), ("relations", "k2s2", wl)]
+        specs.append(("quantize", kitti_points, 0.05))
+        specs.append(("network", _network_workloads(1), 1))
+        if cuda:
+            specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
+    elif sel.preset == "full":
+        chans = (32, 64, 128) if cuda else (32, 64)
+        for wl in workloads.ANCHOR_WORKLOADS:
+            for c in chans:
+                specs += [("conv", t, wl, c) for t in CONV_TAGS]
+            specs += [("relations", t, wl) for t in CONV_TAGS if t != "pw"]
+        families = ["grid", "plane", "isolated"] + [f"{f}{s}" for f in ("line", "block") for s in (2, 4, 8)]
+        for fam in families:
+            for n in ("10k", "100k", "1m"):
+                wl = f"{fam}_{n}"
+                specs += [("conv", "subm3", wl, 32), ("conv", "k2s2", wl, 32), ("relations", "subm3", wl)]
+        for pts in dict.fromkeys([kitti_points, "lidar_points"]):
+            specs += [("quantize", pts, v) for v in (0.05, 0.1, 0.2)]
+        for b in (1, 2):
+            specs.append(("network", _network_workloads(b), b))
+        specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
+    else:
+        raise ValueError(f"[bench] preset: expected smoke, standard or full, got {sel.preset!r}")
+    return specs
+
+
+def build_cases(sel: Selection) -> list[Case]:
+    """The preset's cases after --channels / --size overrides and --case-filter, deduplicated."""
+    cases: dict[str, Case] = {}
+    for spec in _preset_specs(sel):
+        kind = spec[0]
+        if kind == "conv":
+            _, tag, wl, c = spec
+            for w in _resize(wl, sel.sizes):
+                for ch in (sel.channels or [c]):
+                    cs = conv_case(tag, w, ch, ch)
+                    cases.setdefault(cs.name, cs)
+        elif kind == "relations":
+            for w in _resize(spec[2], sel.sizes):
+                cs = relation_case(spec[1], w)
+                cases.setdefault(cs.name, cs)
+        elif kind == "quantize":
+            cs = quantize_case(spec[1], spec[2])
+            cases.setdefault(cs.name, cs)
+        elif kind == "network":
+            cs = network_case(spec[1], spec[2])
+            cases.setdefault(cs.name, cs)
+    out = list(cases.values())
+    if sel.case_filter:
+        try:
+            rx: Optional[re.Pattern] = re.compile(sel.case_filter)
+        except re.error:
+            rx = None  # not a regex: substring match only
+        out = [c for c in out if sel.case_filter in c.name or (rx is not None and rx.search(c.name))]
+    return out
+
+
+def skipped_groups(sel: Selection) -> dict[str, str]:
+    """Groups that have no cases yet, with the reason printed by the runner."""
+    out = {}
+    if not hasattr(ops, "max_pool3d") and not hasattr(ops, "pool3d"):
+        out["pooling"] = "pooling ops not landed yet (issue 4)"
+    else:
+        out["pooling"] = "pooling ops exist but their cases are not written yet (add them in lattice/bench/cases.py)"
+    return out
+
+
+def cuda_unavailable_reason() -> Optional[str]:
+    """None when CUDA cases can run, else why not (from lattice.device_caps() and torch)."""
+    caps = lattice.device_caps().get("cuda", {})
+    if not caps.get("built"):
+        return "lattice was built without the CUDA backend"
+    if not caps.get("device_count"):
+        return f"no CUDA device for lattice ({caps.get('status') or 'unknown status'})"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
