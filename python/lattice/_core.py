@@ -5,19 +5,41 @@ so one build works with any torch that speaks DLPack (Debian's 1.13 and torch 2.
 """
 from __future__ import annotations
 
+import glob
+import importlib.machinery
+import importlib.util
+import os
+import sys
 from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.utils.dlpack
 
-try:
-    from . import _lattice as core  # noqa: F401  (re-exported)
-except ImportError as exc:  # pragma: no cover - exercised only on a broken install
-    raise ImportError(
-        "lattice: the compiled extension `_lattice` is missing or was built for another Python. "
-        "Build it with `make build` (or see README.md)."
-    ) from exc
+def _load_extension() -> Any:
+    """The compiled core: from LATTICE_EXTENSION_DIR when set (a build tree of its own, e.g. for
+    several builds side by side), else the `_lattice` module inside this package."""
+    ext_dir = os.environ.get("LATTICE_EXTENSION_DIR")
+    if ext_dir:
+        found = sorted(glob.glob(os.path.join(ext_dir, "_lattice*" + importlib.machinery.EXTENSION_SUFFIXES[0])))
+        if not found:
+            raise ImportError(f"lattice: LATTICE_EXTENSION_DIR={ext_dir!r} holds no _lattice extension")
+        spec = importlib.util.spec_from_file_location("lattice._lattice", found[0])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["lattice._lattice"] = module
+        spec.loader.exec_module(module)
+        return module
+    try:
+        from . import _lattice
+    except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+        raise ImportError(
+            "lattice: the compiled extension `_lattice` is missing or was built for another Python. "
+            "Build it with `make build` (or see README.md)."
+        ) from exc
+    return _lattice
+
+
+core = _load_extension()
 
 UnsupportedError = core.UnsupportedError
 
