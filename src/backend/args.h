@@ -29,6 +29,12 @@ struct RelationView {
   const std::int32_t* k_in = nullptr;
   const std::int32_t* k_out = nullptr;
   bool identity = false;  // edges are exactly (i, i, 0) for every row
+  // Input-side views, filled for the input-gradient pass only (null otherwise): edges per input
+  // row as a CSR pointer (int64, n_in+1), and the per-offset grouping (same k_ptr) with each
+  // offset's edges sorted by input row (kt_in / kt_out, int32 E).
+  const std::int64_t* in_ptr = nullptr;
+  const std::int32_t* kt_in = nullptr;
+  const std::int32_t* kt_out = nullptr;
 };
 
 // One convolution pass. Weight is always the canonical (K, C_in, C_out) layout, same dtype as

@@ -59,7 +59,7 @@ Int3 output_stride(std::string_view op, RelationKind kind, Int3 in, Int3 s) {
   return out;
 }
 
-backend::RelationView view_of(const Relation& r) {
+backend::RelationView view_of(const Relation& r, ConvPass pass = ConvPass::forward) {
   backend::RelationView v;
   v.n_in = r.n_in;
   v.n_out = r.n_out;
@@ -73,6 +73,12 @@ backend::RelationView view_of(const Relation& r) {
   v.k_in = r.k_in.data<std::int32_t>();
   v.k_out = r.k_out.data<std::int32_t>();
   v.identity = r.identity;
+  if (pass == ConvPass::input_grad) {
+    const Relation::InputGrouping& g = r.input_grouping();
+    v.in_ptr = g.in_ptr.data<std::int64_t>();
+    v.kt_in = g.kt_in.data<std::int32_t>();
+    v.kt_out = g.kt_out.data<std::int32_t>();
+  }
   return v;
 }
 
@@ -279,6 +285,7 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
     grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
     args.dx = grads.input.raw_data();
+    args.rel = view_of(*plan.relation, ConvPass::input_grad);
     k.input_grad(args);
   }
   if (request.weight) {

@@ -444,4 +444,37 @@ const Array& Relation::row_masks() const {
   return row_masks_;
 }
 
+const Relation::InputGrouping& Relation::input_grouping() const {
+  std::call_once(input_once_, [this] {
+    InputGrouping g;
+    g.in_ptr = Array::zeros({n_in + 1}, Dtype::i64);
+    g.kt_in = Array::empty({n_edges}, Dtype::i32);
+    g.kt_out = Array::empty({n_edges}, Dtype::i32);
+    std::int64_t* ptr = g.in_ptr.data<std::int64_t>();
+    const std::int32_t* in = in_idx.data<std::int32_t>();
+    for (std::int64_t e = 0; e < n_edges; ++e) ++ptr[in[e] + 1];
+    for (std::int64_t i = 0; i < n_in; ++i) ptr[i + 1] += ptr[i];
+    const std::int64_t* kp = k_ptr.data<std::int64_t>();
+    const std::int32_t* src_in = k_in.data<std::int32_t>();
+    const std::int32_t* src_out = k_out.data<std::int32_t>();
+    std::int32_t* dst_in = g.kt_in.data<std::int32_t>();
+    std::int32_t* dst_out = g.kt_out.data<std::int32_t>();
+    // Within one offset every input row occurs at most once, so sorting by input row is a total
+    // order and the result does not depend on the thread count.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (n_edges >= kMinParallelPairs)
+    for (std::int64_t k = 0; k < kernel_volume; ++k) {
+      const std::int64_t b = kp[k], n = kp[k + 1] - kp[k];
+      std::vector<std::pair<std::int32_t, std::int32_t>> pairs(static_cast<std::size_t>(n));
+      for (std::int64_t e = 0; e < n; ++e) pairs[static_cast<std::size_t>(e)] = {src_in[b + e], src_out[b + e]};
+      std::sort(pairs.begin(), pairs.end());
+      for (std::int64_t e = 0; e < n; ++e) {
+        dst_in[b + e] = pairs[static_cast<std::size_t>(e)].first;
+        dst_out[b + e] = pairs[static_cast<std::size_t>(e)].second;
+      }
+    }
+    input_grouping_ = std::move(g);
+  });
+  return input_grouping_;
+}
+
 }  // namespace lattice

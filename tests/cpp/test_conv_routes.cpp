@@ -38,8 +38,8 @@ struct Relation {
   std::int64_t n_in = 0;
   std::int64_t n_out = 0;
   std::int64_t kernel_volume = 1;
-  std::vector<std::int32_t> in_idx{}, out_idx{}, k_idx{}, k_in{}, k_out{};
-  std::vector<std::int64_t> out_ptr{}, k_ptr{};
+  std::vector<std::int32_t> in_idx{}, out_idx{}, k_idx{}, k_in{}, k_out{}, kt_in{}, kt_out{};
+  std::vector<std::int64_t> out_ptr{}, k_ptr{}, in_ptr{};
   bool identity = false;
 
   RelationView view() const {
@@ -54,7 +54,10 @@ struct Relation {
                         .k_ptr = k_ptr.data(),
                         .k_in = k_in.data(),
                         .k_out = k_out.data(),
-                        .identity = identity};
+                        .identity = identity,
+                        .in_ptr = in_ptr.data(),
+                        .kt_in = kt_in.data(),
+                        .kt_out = kt_out.data()};
   }
   bool has_edges(std::int64_t o) const { return out_ptr[o + 1] > out_ptr[o]; }
 };
@@ -82,6 +85,17 @@ Relation make_relation(std::int64_t n_in, std::int64_t n_out, std::int64_t kerne
     ++rel.k_ptr[e.k + 1];
   }
   std::partial_sum(rel.k_ptr.begin(), rel.k_ptr.end(), rel.k_ptr.begin());
+  // Input-side views: edges per input row, and each offset's edges sorted by input row.
+  rel.in_ptr.assign(static_cast<std::size_t>(n_in + 1), 0);
+  for (const Edge& e : edges) ++rel.in_ptr[e.i + 1];
+  std::partial_sum(rel.in_ptr.begin(), rel.in_ptr.end(), rel.in_ptr.begin());
+  std::vector<Edge> by_input = edges;
+  std::stable_sort(by_input.begin(), by_input.end(),
+                   [](const Edge& a, const Edge& b) { return a.k != b.k ? a.k < b.k : a.i < b.i; });
+  for (const Edge& e : by_input) {
+    rel.kt_in.push_back(e.i);
+    rel.kt_out.push_back(e.o);
+  }
   rel.identity = kernel_volume == 1 && n_in == n_out &&
                  static_cast<std::int64_t>(edges.size()) == n_in &&
                  std::all_of(edges.begin(), edges.end(), [](const Edge& e) { return e.i == e.o; });

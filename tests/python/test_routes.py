@@ -320,3 +320,28 @@ def test_conv_results_are_bitwise_independent_of_thread_count(rng, restore_threa
         results.append(_run(x, w, b, "subm_conv3d", dict(kernel_size=3), route))
     for what, a, c in zip(("forward", "feats grad", "weight grad", "bias grad"), *results):
         assert torch.equal(a, c), f"{route} {what} differs between 1 and 2 threads"
+
+
+@pytest.mark.skipif(not (HAS_THREADS and HAS_BLAS), reason="needs lattice.set_num_threads and a BLAS route")
+def test_conv_gather_gemm_scatter_many_chunks_matches_reference_and_thread_count(rng, restore_threads):
+    # > 8192 edges per destination chunk several times over, and > 256 edges per offset, so the
+    # chunked, barrier-free forward and input-gradient passes split work across threads
+    coords = random_coords(rng, 12000, batches=2, extent=40, spread=14)
+    feats = torch.from_numpy(rng.standard_normal((coords.shape[0], 8))).float()
+    w = (torch.from_numpy(rng.standard_normal((8, 3, 3, 3, 8))) * 0.2).float()
+    b = torch.from_numpy(rng.standard_normal(8)).float()
+    x = lattice.SparseTensor(torch.from_numpy(coords.copy()), feats)
+    p = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, w, kernel_size=3)
+    assert p.relation.n_edges > 4 * 8192
+    dy = torch.from_numpy(rng.standard_normal((coords.shape[0], 8))).float()
+    runs = {}
+    for threads in (1, 2):
+        lattice.set_num_threads(threads)
+        runs[threads] = _run(x, w, b, "subm_conv3d", dict(kernel_size=3), "gather_gemm_scatter", dy)
+    # truth: the reference route in float64 on the same (f32-representable) inputs; a long f32
+    # reference sum would itself be off by more than the f32 tolerance
+    x64 = x.replace_feats(feats.double())
+    truth = _run(x64, w.double(), b.double(), "subm_conv3d", dict(kernel_size=3), "reference", dy.double())
+    for what, exact, one, two in zip(("forward", "feats grad", "weight grad", "bias grad"), truth, runs[1], runs[2]):
+        assert torch.equal(one, two), f"{what} differs between 1 and 2 threads"
+        oracle.assert_close(one.double().numpy(), exact.numpy(), "f32", what)

@@ -39,14 +39,23 @@ class Relation {
   // Built on first use.
   const Array& row_masks() const;
 
+  // Input-side views for passes that write input rows (input gradient), built on first use:
+  // in_ptr int64 (n_in + 1) = edges per input row as a CSR pointer; kt_in / kt_out int32 (E) =
+  // the per-offset grouping (same k_ptr) with each offset's edges sorted by input row.
+  struct InputGrouping {
+    Array in_ptr, kt_in, kt_out;
+  };
+  const InputGrouping& input_grouping() const;
+
   double average_active_offsets() const {
     return n_out ? static_cast<double>(n_edges) / static_cast<double>(n_out) : 0.0;
   }
 
  private:
   friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
-  mutable std::once_flag gemm_once_, masks_once_;
+  mutable std::once_flag gemm_once_, masks_once_, input_once_;
   mutable Array gemm_map_, row_masks_;
+  mutable InputGrouping input_grouping_;
 };
 
 // Builds the output support (when generated) and the relation. `target` must be given for

@@ -1,10 +1,11 @@
 // Constraints: CPU; float dtypes (f16, bf16, f32, f64); any relation kind, any kernel volume,
 // any edge count. Deterministic: bitwise-identical results for the same inputs and build.
 //
-// Per kernel offset k, in ascending order: the offset's edges are cut into row blocks of
-// kRowBlock, spread over lattice's OpenMP threads; each thread gathers its block's rows, runs
-// one single-threaded BLIS GEMM with W[k] and scatter-adds the product rows into the
-// accumulator. A barrier separates offsets. Offsets without edges are skipped. Weight gradient:
+// Destination rows (outputs for forward, inputs for input_grad) are cut into chunks of about
+// kChunkEdges edges, spread over lattice's OpenMP threads; a chunk's thread walks the offsets k
+// in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
+// runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
+// rows it owns. Input gradient needs the input-side views (in_ptr, kt_in, kt_out). Weight gradient:
 // one work item per (offset, C_in column block), each summed over its edges block by block.
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
@@ -38,28 +39,56 @@ void check_grouping(const RelationView& rel) {
                  "conv gather_gemm_scatter: per-offset grouping (k_ptr, k_in, k_out) is null");
 }
 
+// Destination rows are cut into chunks of about kChunkEdges edges (a data-only rule, so the
+// GEMM blocks, and therefore the results, are the same for any thread count). Each chunk is
+// owned by one thread, which walks every offset for its rows: no barrier between offsets and
+// the chunk's accumulator rows stay in cache. 8192 edges x 64 channels x 4 B = 2 MiB of
+// gathered rows per chunk over all offsets; small enough for dynamic load balance on 2-16
+// threads at N ~ 1e5. Estimate (2026-11), to be tuned with the benchmark suite.
+constexpr std::int64_t kChunkEdges = 8192;
+
+std::vector<std::int64_t> chunk_bounds(const std::int64_t* ptr, std::int64_t rows) {
+  std::vector<std::int64_t> bounds{0};
+  std::int64_t start_edges = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (ptr[r + 1] - start_edges >= kChunkEdges) {
+      bounds.push_back(r + 1);
+      start_edges = ptr[r + 1];
+    }
+  }
+  if (bounds.back() != rows) bounds.push_back(rows);
+  return bounds;
+}
+
 // acc (n_dst, c_dst) += sum_k scatter_{dst_k}(gather_{src_k}(src) @ W_k), W_k = w + k*c_in*c_out
-// read with strides (rsw, csw). Used by forward (src = x) and input_grad (src = dy, W^T).
+// read with strides (rsw, csw). `dst_rows` / `src_rows` are a per-offset grouping (k_ptr) whose
+// segments are sorted by destination row; `dst_ptr` (n_dst + 1) counts edges per destination
+// row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T).
 template <class T>
-void accumulate_offsets(const RelationView& rel, const T* src, std::int64_t c_src,
-                        const std::int32_t* src_rows, const std::int32_t* dst_rows,
-                        const Accum<T>* w, std::int64_t rsw, std::int64_t csw, std::int64_t c_dst,
-                        Accum<T>* acc, std::int64_t c_in, std::int64_t c_out) {
-  const int threads = detail::threads_for(rel.n_edges * c_src * c_dst);
+void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_ptr, std::int64_t n_dst,
+                               const std::int32_t* dst_rows, const std::int32_t* src_rows, const T* src,
+                               std::int64_t c_src, const Accum<T>* w, std::int64_t rsw, std::int64_t csw,
+                               std::int64_t c_dst, Accum<T>* acc, std::int64_t c_in, std::int64_t c_out) {
+  const std::vector<std::int64_t> bounds = chunk_bounds(dst_ptr, n_dst);
+  const auto chunks = static_cast<std::int64_t>(bounds.size()) - 1;
+  const int threads = chunks > 1 ? detail::threads_for(rel.n_edges * c_src * c_dst) : 1;
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<Accum<T>> scratch;
-    for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
-      const std::int64_t begin = rel.k_ptr[k];
-      const std::int64_t n = rel.k_ptr[k + 1] - begin;
-      if (n == 0) continue;  // same decision on every thread: no barrier mismatch
-      const std::int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
-      const Accum<T>* wk = w + k * c_in * c_out;
-#pragma omp for schedule(static)
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::int64_t r0 = b * kRowBlock;
-        detail::gemm_rows<T>(src, c_src, src_rows + begin, dst_rows + begin, r0,
-                             std::min(n, r0 + kRowBlock), wk, rsw, csw, c_dst, acc, scratch);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t r0 = bounds[static_cast<std::size_t>(c)];
+      const std::int64_t r1 = bounds[static_cast<std::size_t>(c) + 1];
+      for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
+        const std::int32_t* seg = dst_rows + rel.k_ptr[k];
+        const std::int32_t* seg_end = dst_rows + rel.k_ptr[k + 1];
+        const std::int64_t lo = std::lower_bound(seg, seg_end, r0) - dst_rows;
+        const std::int64_t hi = std::lower_bound(seg, seg_end, r1) - dst_rows;
+        const Accum<T>* wk = w + k * c_in * c_out;
+        for (std::int64_t b = lo; b < hi; b += kRowBlock) {
+          detail::gemm_rows<T>(src, c_src, src_rows, dst_rows, b, std::min(hi, b + kRowBlock), wk, rsw,
+                               csw, c_dst, acc, scratch);
+        }
       }
     }
   }
@@ -77,8 +106,9 @@ void forward(const ConvArgs& a) {
   detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
   const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
   if (rel.n_edges > 0)
-    accumulate_offsets<T>(rel, static_cast<const T*>(a.x), a.c_in, rel.k_in, rel.k_out, w, a.c_out, 1,
-                          a.c_out, acc, a.c_in, a.c_out);
+    accumulate_by_destination<T>(rel, rel.out_ptr, rel.n_out, rel.k_out, rel.k_in,
+                                 static_cast<const T*>(a.x), a.c_in, w, a.c_out, 1, a.c_out, acc,
+                                 a.c_in, a.c_out);
   detail::store_all(acc, rel.n_out * a.c_out, y);
 }
 
@@ -94,9 +124,13 @@ void input_grad(const ConvArgs& a) {
   detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
   const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
   // W[k]^T (C_out, C_in): row stride 1, column stride C_out over the (C_in, C_out) storage.
-  if (rel.n_edges > 0)
-    accumulate_offsets<T>(rel, static_cast<const T*>(a.dy), a.c_out, rel.k_out, rel.k_in, w, 1, a.c_out,
-                          a.c_in, acc, a.c_in, a.c_out);
+  if (rel.n_edges > 0) {
+    LATTICE_ASSERT(rel.in_ptr && rel.kt_in && rel.kt_out,
+                   "conv gather_gemm_scatter input_grad: input-side views (in_ptr, kt_in, kt_out) are null");
+    accumulate_by_destination<T>(rel, rel.in_ptr, rel.n_in, rel.kt_in, rel.kt_out,
+                                 static_cast<const T*>(a.dy), a.c_out, w, 1, a.c_out, a.c_in, acc,
+                                 a.c_in, a.c_out);
+  }
   detail::store_all(acc, rel.n_in * a.c_in, dx);
 }
 
