@@ -103,6 +103,11 @@ def run_suite(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         ceilings = measure_ceilings(args.device, dtype, scale="small" if args.preset == "smoke" else "large")
         ctx.ceilings = ceilings
+        if args.device == "cpu":
+            # torch's CPU GEMM runs on its BLAS's own thread pool (OpenBLAS in Debian's torch), whose
+            # idle workers keep spinning for ~0.1 s after the last call and would steal the cores
+            # from the first cases (observed: 40 ms stalls in the relation group). Let them sleep.
+            time.sleep(1.0)
         _say(f"ceilings: GEMM {ceilings['gemm_dtype']} {ceilings['gemm_flops'] / 1e9:.1f} GFLOP/s, copy "
              f"{ceilings['copy_bytes_per_s'] / 1e9:.1f} GB/s ({time.perf_counter() - t0:.1f} s)")
 
