@@ -1,4 +1,6 @@
 // Point -> voxel quantization.
+#include <cstring>
+
 #include "common.h"
 #include "lattice/core/error.h"
 #include "lattice/ops/quantize.h"
@@ -9,12 +11,13 @@ void bind_quantize(py::module_& m) {
   m.def(
       "sparse_quantize",
       [](const py::object& points, std::array<double, 3> voxel_size, std::array<double, 3> origin,
-         const py::object& batch, const std::optional<std::string>& route) {
+         const py::object& batch, const std::optional<std::string>& route, bool drop_invalid) {
         Array p = array_from_capsule(points, "points");
         std::optional<Array> b = optional_array(batch, "batch_indices");
         ops::QuantizeOptions o;
         o.voxel_size = voxel_size;
         o.origin = origin;
+        o.drop_invalid = drop_invalid;
         if (route) {
           o.policy.force = route_from_string("quantize", *route);
           if (!o.policy.force)
@@ -25,10 +28,20 @@ void bind_quantize(py::module_& m) {
           py::gil_scoped_release release;
           out = ops::sparse_quantize(p, o, b ? &*b : nullptr);
         }
+        // drop_invalid adds the kept mask (P) as a fourth element, exported as uint8 0/1 (DLPack
+        // consumers such as torch 1.13 do not import bool tensors; the front end casts it back).
+        if (drop_invalid) {
+          Array kept = Array::empty({out.kept.dim(0)}, Dtype::u8);
+          std::memcpy(kept.raw_data(), out.kept.raw_data(),
+                      static_cast<std::size_t>(out.kept.dim(0)));
+          return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
+                                capsule_from_array(out.counts), capsule_from_array(kept));
+        }
         return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
                               capsule_from_array(out.counts));
       },
-      py::arg("points"), py::arg("voxel_size"), py::arg("origin"), py::arg("batch_indices"), py::arg("route"));
+      py::arg("points"), py::arg("voxel_size"), py::arg("origin"), py::arg("batch_indices"),
+      py::arg("route"), py::arg("drop_invalid") = false);
   m.def("explain_quantize", [](const py::object& points) {
     return ops::explain_quantize(array_from_capsule(points, "points"));
   });

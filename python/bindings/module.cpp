@@ -89,4 +89,9 @@ PYBIND11_MODULE(_lattice, m) {
   python::bind_core(m);
   python::bind_conv(m);
   python::bind_quantize(m);
+  python::bind_io(m);
+  python::bind_point_voxel(m);
+  python::bind_pool(m);
+  python::bind_algebra(m);
+  python::bind_coords(m);
 }

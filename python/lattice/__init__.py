@@ -6,6 +6,7 @@
     print(lattice.explain("subm_conv3d", x, w, kernel_size=3))
 """
 from . import nn, ops
+from . import io  # point-cloud file readers: lattice.io.read_kitti / read_las / read_pcd / read_ply / read
 from ._core import UnsupportedError
 from .explain import backend_info, device_caps, explain, get_num_threads, set_num_threads
 from .tensor import SparseTensor
@@ -13,3 +14,4 @@ from .tensor import SparseTensor
 __version__ = "0.1.0"
 
 __all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps", "get_num_threads", "set_num_threads", "UnsupportedError", "__version__"]
+__all__ += ["io"]

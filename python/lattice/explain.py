@@ -7,6 +7,10 @@ import torch
 
 from ._core import as_tensor, core, to_core
 from .ops import conv as _conv
+from .ops import point_voxel as _point_voxel
+from .ops import pool as _pool
+from .ops import algebra as _algebra
+from .ops import coords as _coords
 
 _KIND = {
     "conv3d": lambda kw: "target" if kw.get("coordinates") is not None else "forward",
@@ -34,7 +38,16 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         return core.explain_conv(p, to_core(x.feats), to_core(weight), pass_)
     if op == "sparse_quantize":
         return core.explain_quantize(to_core(as_tensor(args[0], "points", op)))
-    known = ", ".join(sorted([*_KIND, "sparse_quantize"]))
+    if op in _point_voxel.EXPLAINED:
+        return _point_voxel.explain(op, *args, pass_=pass_, **kwargs)
+    if op in _pool.POOL_OPS:
+        return _pool.explain_pool(op, args, kwargs, pass_)
+    if op in _algebra.EXPLAINED:
+        return _algebra.explain(op, *args, pass_=pass_, **kwargs)
+    if op in _coords.EXPLAINED:
+        return _coords.explain(op, *args, **kwargs)
+    known = ", ".join(sorted([*_KIND, "sparse_quantize", *_point_voxel.EXPLAINED, *_pool.POOL_OPS,
+                              *_algebra.EXPLAINED, *_coords.EXPLAINED]))
     raise ValueError(f"[explain] op: expected one of {known}, got {op!r}")
 
 

@@ -162,6 +162,59 @@ class SparseTensor:
     def detach(self) -> "SparseTensor":
         return self.replace_feats(self._feats.detach())
 
+    # -- algebra operators (lattice.ops.sparse_add / sparse_sub / sparse_mul) ---------------------
+    # Between SparseTensors: aligned by coordinates with each op's default join (+ and -: outer,
+    # *: inner), strides must match. With a number or a tensor broadcasting to feats (N, C): acts on
+    # the features and keeps the identity.
+    def __add__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("add", self, other)
+
+    def __radd__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("add", self, other)
+
+    def __sub__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("sub", self, other)
+
+    def __rsub__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("rsub", self, other)
+
+    def __mul__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("mul", self, other)
+
+    def __rmul__(self, other: Any) -> "SparseTensor":
+        from .ops.algebra import operator
+
+        return operator("mul", self, other)
+
+    def __neg__(self) -> "SparseTensor":
+        return self.replace_feats(-self._feats)
+
+    # -- dense grids (lattice.ops.dense / from_dense) ---------------------------------------------
+    def dense(self, shape: Optional[Stride] = None, origin: Stride = 0) -> torch.Tensor:
+        """The dense (B, C, X, Y, Z) grid of this tensor; see :func:`lattice.ops.dense` (small grids
+        only: above 2^26 elements it raises ValueError)."""
+        from .ops.coords import dense
+
+        return dense(self, shape, origin)
+
+    @classmethod
+    def from_dense(cls, grid: torch.Tensor, *, origin: Stride = 0, stride: Stride = 1) -> "SparseTensor":
+        """The sites of a dense (B, C, X, Y, Z) grid with any non-zero channel; see
+        :func:`lattice.ops.from_dense`."""
+        from .ops.coords import from_dense
+
+        return from_dense(grid, origin=origin, stride=stride)
+
     def __repr__(self) -> str:
         return (
             f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "

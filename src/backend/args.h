@@ -4,9 +4,11 @@
 
 #include <cstdint>
 
+#include "backend/common/coord_hash.h"
 #include "lattice/core/array.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/vocab.h"
+#include "lattice/route/problem.h"
 
 namespace lattice::backend {
 
@@ -62,6 +64,7 @@ struct QuantizeArgs {
   const std::int32_t* batch = nullptr;  // (P) or null (all batch 0)
   double voxel_size[3] = {1, 1, 1};
   double origin[3] = {0, 0, 0};
+  bool drop_invalid = false;  // skip NaN/inf points (and report them in `kept`) instead of failing
 };
 
 // What a quantize route returns (outputs are sized by the data, so the route allocates them).
@@ -71,5 +74,193 @@ struct QuantizeResult {
   Array counts;                      // (M) int64, points per voxel
   std::int64_t first_invalid = -1;   // first point with NaN/inf (nothing else filled when >= 0)
   std::int64_t first_overflow = -1;  // first point whose voxel index leaves int32
+  Array kept;  // drop_invalid only: (P) bool, false for dropped points; inverse then has one
+               // entry per kept point (as if the dropped rows were never passed)
+};
+
+// ---- point <-> voxel (SEMANTICS.md "Point <-> voxel") ----------------------------------------
+
+// voxelize: per-voxel reduction of point features over a CSR of points per voxel (the points
+// of voxel v are point_idx[voxel_ptr[v] .. voxel_ptr[v+1]), ascending). Every voxel has >= 1
+// point. Forward writes `out` (and `argmax` for max); backward reads `dy` (and `argmax`) and
+// writes `dfeats`. Outputs are fully overwritten.
+struct VoxelizeArgs {
+  Dtype dtype = Dtype::f32;  // feature dtype (f16, bf16, f32, f64)
+  PointReduction reduction = PointReduction::mean;
+  std::int64_t n_points = 0;
+  std::int64_t n_voxels = 0;
+  std::int64_t channels = 0;
+  const std::int64_t* inverse = nullptr;    // (P) point -> voxel row
+  const std::int64_t* counts = nullptr;     // (M) points per voxel
+  const std::int64_t* voxel_ptr = nullptr;  // (M+1)
+  const std::int64_t* point_idx = nullptr;  // (P)
+  const void* feats = nullptr;              // (P, C)  forward
+  void* out = nullptr;                      // (M, C)  forward output
+  std::int64_t* argmax = nullptr;           // (M, C)  max: first point holding the maximum
+                                            //         (forward output, backward input)
+  const void* dy = nullptr;                 // (M, C)  backward
+  void* dfeats = nullptr;                   // (P, C)  backward output
+};
+
+// devoxelize: out[p] = sum_k weights[p, k] * voxel_feats[indices[p, k]] over k with index >= 0
+// (k ascending); backward dvoxel[v] = sum over the map entries of v (voxel-major CSR, entries
+// p*width + k ascending) of weights * dy[p]. Outputs are fully overwritten.
+struct DevoxelizeArgs {
+  Dtype dtype = Dtype::f32;         // feature dtype (f16, bf16, f32, f64)
+  Dtype weight_dtype = Dtype::f32;  // f32 or f64
+  std::int64_t n_points = 0;
+  std::int64_t n_voxels = 0;
+  std::int64_t channels = 0;
+  std::int64_t width = 8;                   // columns of indices / weights
+  const std::int64_t* indices = nullptr;    // (P, width), -1 = no voxel
+  const void* weights = nullptr;            // (P, width)
+  const std::int64_t* voxel_ptr = nullptr;  // (M+1)
+  const std::int64_t* entries = nullptr;    // (E)
+  const void* voxel_feats = nullptr;        // (M, C)  forward
+  void* out = nullptr;                      // (P, C)  forward output
+  const void* dy = nullptr;                 // (P, C)  backward
+  void* dvoxel = nullptr;                   // (M, C)  backward output
+};
+
+// Row of voxel (b, x, y, z) in the voxel set, or -1: a view of the set's coordinate index
+// (thread-safe, read-only).
+struct VoxelLookup {
+  const void* context = nullptr;
+  std::int64_t (*find)(const void* context, std::int32_t b, std::int32_t x, std::int32_t y,
+                       std::int32_t z) = nullptr;
+};
+
+// build_point_voxel_map: per point the voxel containing it (nearest) or the 8 voxel centres
+// around it (trilinear), with weights; plus the voxel-major CSR for devoxelize's backward.
+struct PointVoxelMapArgs {
+  Dtype dtype = Dtype::f32;  // point dtype (f32 or f64); the weights come out in it
+  std::int64_t n_points = 0;
+  std::int64_t n_voxels = 0;
+  const void* points = nullptr;         // (P, 3)
+  const std::int32_t* batch = nullptr;  // (P) or null (all batch 0)
+  double voxel_size[3] = {1, 1, 1};     // at stride 1; the voxels' physical size is voxel_size*stride
+  std::int32_t stride[3] = {1, 1, 1};   // the voxel tensor's stride
+  double origin[3] = {0, 0, 0};
+  PointVoxelMode mode = PointVoxelMode::nearest;
+  bool normalize = true;
+  VoxelLookup lookup;
+};
+
+struct PointVoxelMapResult {
+  Array indices;    // (P, 8) int64, -1 = missing
+  Array weights;    // (P, 8) point dtype
+  Array voxel_ptr;  // (M+1) int64
+  Array entries;    // (E) int64, p*8 + k, ascending within each voxel
+  std::int64_t first_invalid = -1;  // first point with NaN/inf (nothing else filled when >= 0)
+};
+
+// ---- pooling (SEMANTICS.md "Pooling") ----------------------------------------------------------
+
+// One pooling pass over an output-major edge list: the edges of output row o are
+// [out_ptr[o], out_ptr[o+1]) with input rows in_idx[e] (no input row twice within one output
+// row; rows may have no edge). Modes: sum, avg (sum / edges of the row; 0 for a row without
+// edges), max (per channel, ties to the smallest input row; 0 and argmax -1 for a row without
+// edges), weighted (sum of weights[e] * x). Outputs are fully overwritten.
+struct PoolArgs {
+  Dtype dtype = Dtype::f32;  // feature dtype (f16, bf16, f32, f64)
+  PoolMode mode = PoolMode::sum;
+  std::int64_t n_in = 0;
+  std::int64_t n_out = 0;
+  std::int64_t channels = 0;
+  std::int64_t n_edges = 0;
+  const std::int64_t* out_ptr = nullptr;  // (n_out + 1)
+  const std::int32_t* in_idx = nullptr;   // (E)
+  const double* weights = nullptr;        // (E), mode weighted only
+  const void* x = nullptr;                // (n_in, C)   forward
+  void* y = nullptr;                      // (n_out, C)  forward output
+  std::int32_t* argmax = nullptr;         // (n_out, C)  mode max: winning input row or -1
+                                          //             (forward output, input_grad input)
+  const void* dy = nullptr;               // (n_out, C)  input_grad
+  void* dx = nullptr;                     // (n_in, C)   input_grad output
+};
+
+// ---- sparse algebra (SEMANTICS.md "Sparse algebra and coordinate utilities") -------------------
+
+// A coordinate -> row lookup into an index the tensor layer built (CoordIndex::find): a route
+// probes an existing index without depending on the tensor layer. find() is const and thread-safe.
+struct CoordFinder {
+  const void* index = nullptr;
+  std::int64_t (*find)(const void* index, const geometry::Coord4& c) = nullptr;
+  std::int64_t operator()(const geometry::Coord4& c) const { return find(index, c); }
+};
+
+// Alignment of two sets of unique coordinate rows by value. Output rows: inner = lhs rows found
+// in rhs (lhs order); left = lhs rows; right = rhs rows; outer = lhs rows, then the rhs rows
+// absent from lhs (rhs order).
+struct AlignArgs {
+  Join join = Join::outer;
+  std::int64_t n_lhs = 0;
+  std::int64_t n_rhs = 0;
+  const std::int32_t* lhs = nullptr;  // (n_lhs, 4) (batch, x, y, z)
+  const std::int32_t* rhs = nullptr;  // (n_rhs, 4)
+  CoordFinder lhs_index;              // over lhs (for routes that probe an index)
+  CoordFinder rhs_index;              // over rhs
+};
+// What an align route returns (sized by the data, so the route allocates).
+struct AlignResult {
+  Array lhs_rows;  // (M) int64: lhs row of output row m, -1 when lhs lacks that coordinate
+  Array rhs_rows;  // (M) int64: likewise for rhs
+  Array coords;    // (M, 4) int32 output coordinates
+};
+
+// Row of each query in a table of unique rows, or -1.
+struct LookupArgs {
+  std::int64_t n_table = 0;
+  std::int64_t n_queries = 0;
+  const std::int32_t* table = nullptr;    // (n_table, 4)
+  const std::int32_t* queries = nullptr;  // (n_queries, 4), repeats allowed
+  CoordFinder index;                      // over table
+  std::int64_t* rows = nullptr;           // (n_queries) output
+};
+
+// Elementwise combine of aligned rows. Output row m reads a = lhs[lhs_rows[m]] (the fill when
+// the map holds -1) and b = rhs[rhs_rows[m]]; a null map is the identity (row m). add .. minimum:
+// c_lhs == c_rhs == C and out (n_out, C); cat: out (n_out, c_lhs + c_rhs) = [a | b]. Each input
+// row occurs at most once in the maps. Outputs are fully overwritten; gradient rows of inputs
+// absent from the output are 0.
+struct CombineArgs {
+  AlgebraOp op = AlgebraOp::add;
+  Dtype dtype = Dtype::f32;  // feature dtype (f16, bf16, f32, f64)
+  std::int64_t n_out = 0;
+  std::int64_t n_lhs = 0;
+  std::int64_t n_rhs = 0;
+  std::int64_t c_lhs = 0;
+  std::int64_t c_rhs = 0;
+  const std::int64_t* lhs_rows = nullptr;  // (n_out) or null
+  const std::int64_t* rhs_rows = nullptr;  // (n_out) or null
+  double fill = 0.0;                       // rounded to dtype before use
+  const void* lhs = nullptr;               // (n_lhs, c_lhs)  forward, backward
+  const void* rhs = nullptr;               // (n_rhs, c_rhs)  forward, backward
+  void* out = nullptr;                     // (n_out, C_out)  forward output
+  const void* dout = nullptr;              // (n_out, C_out)  backward
+  void* dlhs = nullptr;                    // (n_lhs, c_lhs)  backward output, or null
+  void* drhs = nullptr;                    // (n_rhs, c_rhs)  backward output, or null
+};
+
+// ---- coordinate utilities (downsample_coords, morton_codes, morton_order) ---------------------
+
+struct DownsampleArgs {
+  std::int64_t n = 0;
+  const std::int32_t* coords = nullptr;  // (n, 4)
+  Int3 stride{1, 1, 1};                  // each >= 1
+};
+struct DownsampleResult {
+  Array coords;   // (M, 4) int32: unique (batch, floor_div(x, sx), ...), first-occurrence order
+  Array inverse;  // (n) int64: input row -> output row
+};
+
+// Morton codes of x, y, z in [-2^20, 2^20) (checked by the caller) and/or the stable order by
+// (batch, code).
+struct MortonArgs {
+  std::int64_t n = 0;
+  std::int64_t cols = 4;                 // 4: (batch, x, y, z); 3: (x, y, z), batch 0
+  const std::int32_t* coords = nullptr;  // (n, cols)
+  std::int64_t* codes = nullptr;         // (n) output, or null
+  std::int64_t* order = nullptr;         // (n) output permutation, or null
 };
 }  // namespace lattice::backend

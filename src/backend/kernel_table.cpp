@@ -6,6 +6,10 @@
 #include "lattice/core/threads.h"
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/cpu/quantize/quantize_routes.h"
+#include "backend/cpu/point_voxel/point_voxel_routes.h"
+#include "backend/cpu/pool/pool_routes.h"
+#include "backend/cpu/algebra/algebra_routes.h"
+#include "backend/cpu/coords/coords_routes.h"
 
 #if LATTICE_HAS_CUDA
 #include "backend/cuda/runtime/caps.h"
@@ -33,6 +37,54 @@ const ConvKernels* find_conv_kernels(RouteId id) {
 QuantizeFn find_quantize_kernel(RouteId id) {
   switch (id) {
     case RouteId::quantize_reference: return cpu::quantize_reference;
+    default: return nullptr;
+  }
+}
+
+const PointVoxelKernels* find_point_voxel_kernels(RouteId id) {
+  static const PointVoxelKernels reference{
+      cpu::voxelize_reference_forward, cpu::voxelize_reference_backward,
+      cpu::devoxelize_reference_forward, cpu::devoxelize_reference_backward,
+      cpu::point_voxel_map_reference};
+  static const PointVoxelKernels parallel{
+      cpu::voxelize_parallel_forward, cpu::voxelize_parallel_backward,
+      cpu::devoxelize_parallel_forward, cpu::devoxelize_parallel_backward,
+      cpu::point_voxel_map_parallel};
+  switch (id) {
+    case RouteId::point_voxel_reference: return &reference;
+    case RouteId::point_voxel_parallel: return &parallel;
+    default: return nullptr;
+  }
+}
+
+const PoolKernels* find_pool_kernels(RouteId id) {
+  static const PoolKernels reference{cpu::pool_reference_forward, cpu::pool_reference_input_grad};
+  static const PoolKernels csr_reduce{cpu::pool_csr_reduce_forward, cpu::pool_csr_reduce_input_grad};
+  static const PoolKernels input_exclusive{nullptr, cpu::pool_input_exclusive_input_grad};
+  switch (id) {
+    case RouteId::pool_reference: return &reference;
+    case RouteId::pool_csr_reduce: return &csr_reduce;
+    case RouteId::pool_input_exclusive: return &input_exclusive;
+    default: return nullptr;
+  }
+}
+
+const AlgebraKernels* find_algebra_kernels(RouteId id) {
+  static const AlgebraKernels reference{cpu::algebra_reference_align, cpu::algebra_reference_lookup,
+                                        cpu::algebra_reference_forward, cpu::algebra_reference_backward};
+  static const AlgebraKernels hashed{cpu::algebra_hashed_align, cpu::algebra_hashed_lookup,
+                                     cpu::algebra_hashed_forward, cpu::algebra_hashed_backward};
+  switch (id) {
+    case RouteId::algebra_reference: return &reference;
+    case RouteId::algebra_hashed: return &hashed;
+    default: return nullptr;
+  }
+}
+
+const CoordsKernels* find_coords_kernels(RouteId id) {
+  static const CoordsKernels reference{cpu::coords_reference_downsample, cpu::coords_reference_morton};
+  switch (id) {
+    case RouteId::coords_reference: return &reference;
     default: return nullptr;
   }
 }

@@ -23,6 +23,48 @@ const ConvKernels* find_conv_kernels(RouteId id);
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);
 
+using VoxelizeFn = void (*)(const VoxelizeArgs&);
+using DevoxelizeFn = void (*)(const DevoxelizeArgs&);
+using PointVoxelMapFn = PointVoxelMapResult (*)(const PointVoxelMapArgs&);
+struct PointVoxelKernels {
+  VoxelizeFn voxelize_forward = nullptr;
+  VoxelizeFn voxelize_backward = nullptr;
+  DevoxelizeFn devoxelize_forward = nullptr;
+  DevoxelizeFn devoxelize_backward = nullptr;
+  PointVoxelMapFn build_map = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const PointVoxelKernels* find_point_voxel_kernels(RouteId id);
+
+using PoolFn = void (*)(const PoolArgs&);
+struct PoolKernels {
+  PoolFn forward = nullptr;     // null when the route runs the input gradient only
+  PoolFn input_grad = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const PoolKernels* find_pool_kernels(RouteId id);
+
+using AlignFn = AlignResult (*)(const AlignArgs&);
+using LookupFn = void (*)(const LookupArgs&);
+using CombineFn = void (*)(const CombineArgs&);
+struct AlgebraKernels {
+  AlignFn align = nullptr;
+  LookupFn lookup = nullptr;
+  CombineFn forward = nullptr;
+  CombineFn backward = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const AlgebraKernels* find_algebra_kernels(RouteId id);
+
+using DownsampleFn = DownsampleResult (*)(const DownsampleArgs&);
+using MortonFn = void (*)(const MortonArgs&);
+struct CoordsKernels {
+  DownsampleFn downsample = nullptr;
+  MortonFn morton = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const CoordsKernels* find_coords_kernels(RouteId id);
+
 // Capabilities of this process's devices: queried once and cached, except the CPU thread
 // count, which is lattice's current setting (core/threads.h).
 DeviceCaps device_caps();

@@ -19,7 +19,7 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
   auto id = route_from_string(family, spec);
   if (!id) {
     // A route name of another family (no prefix given) leaves this family alone.
-    for (std::string_view other : {"conv", "quantize"})
+    for (std::string_view other : {"conv", "quantize", "point_voxel", "pool", "algebra", "coords"})
       if (other != family && route_from_string(other, spec)) return policy;
     std::string got = "'";
     got.append(env).append("'");
@@ -36,6 +36,89 @@ RouteId chosen_or_throw(const Explanation& e) {
     throw_value_error(e.op, "route", "an admitted route",
                       "'" + std::string(to_string(*e.forced)) + "' (rejected: " + e.forced_reason + ")");
   throw UnsupportedError("[" + e.op + "] no route admitted this problem\n" + e.to_string());
+}
+
+// ---- relation planning (conv, pool) ------------------------------------------------------------
+
+void check_geometry(std::string_view op, const KernelSpec& g, RelationKind kind) {
+  auto all = [](const Int3& v, auto pred) { return pred(v[0]) && pred(v[1]) && pred(v[2]); };
+  if (!all(g.size, [](int v) { return v >= 1; }))
+    throw_value_error(op, "kernel_size", "sizes >= 1", to_string(g.size));
+  if (!all(g.stride, [](int v) { return v >= 1; }))
+    throw_value_error(op, "stride", "strides >= 1", to_string(g.stride));
+  if (!all(g.padding, [](int v) { return v >= 0; }))
+    throw_value_error(op, "padding", "paddings >= 0", to_string(g.padding));
+  if (!all(g.dilation, [](int v) { return v >= 1; }))
+    throw_value_error(op, "dilation", "dilations >= 1", to_string(g.dilation));
+  if (g.expand && kind != RelationKind::forward)
+    throw_value_error(op, "expand", "False (expand applies to " + std::string(op) + " without a target)",
+                      "True");
+  if (kind == RelationKind::submanifold) {
+    if (!all(g.size, [](int v) { return v % 2 == 1; }))
+      throw_value_error(op, "kernel_size", "odd sizes on every axis for a submanifold convolution",
+                        to_string(g.size));
+    if (g.stride != Int3{1, 1, 1})
+      throw_value_error(op, "stride", "(1, 1, 1) for a submanifold convolution", to_string(g.stride));
+  }
+  if (kind == RelationKind::generative && g.padding != Int3{0, 0, 0})
+    throw_value_error(op, "padding", "(0, 0, 0) for a generative convolution", to_string(g.padding));
+  if (g.size[0] * static_cast<std::int64_t>(g.size[1]) * g.size[2] > (1 << 20))
+    throw_value_error(op, "kernel_size", "a kernel volume <= 2^20", to_string(g.size));
+}
+
+Int3 output_stride(std::string_view op, RelationKind kind, Int3 in, Int3 s) {
+  Int3 out{};
+  for (int a = 0; a < 3; ++a) {
+    if (is_transposed_kind(kind)) {
+      if (in[a] % s[a] != 0)
+        throw_value_error(op, "stride",
+                          "a divisor of the input tensor stride " + to_string(in) +
+                              " (output stride = input stride / stride)",
+                          to_string(s));
+      out[a] = in[a] / s[a];
+    } else {
+      const std::int64_t v = static_cast<std::int64_t>(in[a]) * s[a];
+      if (v > 2147483647)
+        throw_value_error(op, "stride", "an output tensor stride within int32", std::to_string(v));
+      out[a] = static_cast<std::int32_t>(v);
+    }
+  }
+  return out;
+}
+
+PlannedRelation plan_relation(std::string_view op, RelationKind kind,
+                              const std::shared_ptr<CoordinateSet>& x, const KernelSpec& requested,
+                              const std::shared_ptr<CoordinateSet>& target) {
+  check_geometry(op, requested, kind);
+  const bool needs_target = kind == RelationKind::target || kind == RelationKind::transposed_target;
+  if (needs_target && !target)
+    throw_value_error(op, "coordinates", "a target SparseTensor for a target relation", "None");
+  if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
+  if (!x->coords().device().is_cpu())
+    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (relation building on " +
+                           to_string(x->coords().device()) + " comes with the CUDA backend), got " +
+                           to_string(x->coords().device()));
+  PlannedRelation planned;
+  planned.spec = requested;
+  if (kind == RelationKind::submanifold) planned.spec.stride = Int3{1, 1, 1};
+  if (kind == RelationKind::submanifold || kind == RelationKind::generative)
+    planned.spec.padding = Int3{0, 0, 0};
+  const Int3 out_stride = output_stride(op, kind, x->stride(), planned.spec.stride);
+  std::shared_ptr<CoordinateSet> target_set;
+  if (needs_target) {
+    target_set = target;
+    if (target->coords().device() != x->coords().device())
+      throw_value_error(op, "coordinates", "the device of the input (" + to_string(x->coords().device()) + ")",
+                        to_string(target->coords().device()));
+    if (target->stride() != out_stride)
+      throw_value_error(op, "coordinates", "a target at the output stride " + to_string(out_stride),
+                        "stride " + to_string(target->stride()));
+  }
+  auto result = x->relation(kind, planned.spec, target_set, op);
+  planned.relation = std::move(result.relation);
+  planned.output = std::move(result.output);
+  LATTICE_ASSERT(planned.output && planned.output->stride() == out_stride, "relation output stride mismatch");
+  return planned;
 }
 
 }  // namespace lattice::ops

@@ -1,9 +1,13 @@
 // Helpers shared by the semantic-layer op files.
 #pragma once
 
+#include <memory>
 #include <string_view>
 
+#include "lattice/core/vocab.h"
 #include "lattice/route/route.h"
+#include "lattice/tensor/coordinate_set.h"
+#include "lattice/tensor/relation.h"
 
 namespace lattice::ops {
 
@@ -16,5 +20,31 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
 // reason)" for a rejected forced route; UnsupportedError with the explain table when no route
 // is admitted.
 RouteId chosen_or_throw(const Explanation& explanation);
+
+// ---- relation planning shared by the ops that run over relations (conv, pool) ------------------
+
+// Kernel geometry of a call, as the caller gave it (`requested.expand` included): sizes >= 1,
+// strides >= 1, paddings >= 0, dilations >= 1, a kernel volume <= 2^20; expand only for a
+// forward relation; submanifold: odd sizes and stride 1; generative: no padding. ValueError
+// "[op] <argument>: expected ..., got ..." otherwise.
+void check_geometry(std::string_view op, const KernelSpec& requested, RelationKind kind);
+
+// Output tensor stride: input * stride (forward kinds; must stay within int32), input / stride
+// (transposed kinds; exact division required). ValueError naming `stride` otherwise.
+Int3 output_stride(std::string_view op, RelationKind kind, Int3 input_stride, Int3 stride);
+
+// A validated relation of one call: the spec it was built with (submanifold: stride 1 and no
+// padding; generative: no padding), the relation (built or fetched from x's cache) and its
+// output support (x, the target or a generated set, at the output stride).
+struct PlannedRelation {
+  KernelSpec spec;
+  std::shared_ptr<const Relation> relation;
+  std::shared_ptr<CoordinateSet> output;
+};
+// check_geometry, then: a target for the target kinds ("[op] coordinates: ..."), CPU
+// coordinates (UnsupportedError otherwise), a target on x's device and at the output stride.
+PlannedRelation plan_relation(std::string_view op, RelationKind kind,
+                              const std::shared_ptr<CoordinateSet>& x, const KernelSpec& requested,
+                              const std::shared_ptr<CoordinateSet>& target);
 
 }  // namespace lattice::ops

@@ -14,51 +14,6 @@ namespace lattice::ops {
 
 namespace {
 
-void check_geometry(std::string_view op, const ConvOptions& o, RelationKind kind) {
-  auto all = [](const Int3& v, auto pred) { return pred(v[0]) && pred(v[1]) && pred(v[2]); };
-  if (!all(o.kernel_size, [](int v) { return v >= 1; }))
-    throw_value_error(op, "kernel_size", "sizes >= 1", to_string(o.kernel_size));
-  if (!all(o.stride, [](int v) { return v >= 1; }))
-    throw_value_error(op, "stride", "strides >= 1", to_string(o.stride));
-  if (!all(o.padding, [](int v) { return v >= 0; }))
-    throw_value_error(op, "padding", "paddings >= 0", to_string(o.padding));
-  if (!all(o.dilation, [](int v) { return v >= 1; }))
-    throw_value_error(op, "dilation", "dilations >= 1", to_string(o.dilation));
-  if (o.expand && kind != RelationKind::forward)
-    throw_value_error(op, "expand", "False (expand applies to conv3d without a target)", "True");
-  if (kind == RelationKind::submanifold) {
-    if (!all(o.kernel_size, [](int v) { return v % 2 == 1; }))
-      throw_value_error(op, "kernel_size", "odd sizes on every axis for a submanifold convolution",
-                        to_string(o.kernel_size));
-    if (o.stride != Int3{1, 1, 1})
-      throw_value_error(op, "stride", "(1, 1, 1) for a submanifold convolution", to_string(o.stride));
-  }
-  if (kind == RelationKind::generative && o.padding != Int3{0, 0, 0})
-    throw_value_error(op, "padding", "(0, 0, 0) for a generative convolution", to_string(o.padding));
-  if (o.kernel_size[0] * static_cast<std::int64_t>(o.kernel_size[1]) * o.kernel_size[2] > (1 << 20))
-    throw_value_error(op, "kernel_size", "a kernel volume <= 2^20", to_string(o.kernel_size));
-}
-
-Int3 output_stride(std::string_view op, RelationKind kind, Int3 in, Int3 s) {
-  Int3 out{};
-  for (int a = 0; a < 3; ++a) {
-    if (is_transposed_kind(kind)) {
-      if (in[a] % s[a] != 0)
-        throw_value_error(op, "stride",
-                          "a divisor of the input tensor stride " + to_string(in) +
-                              " (output stride = input stride / stride)",
-                          to_string(s));
-      out[a] = in[a] / s[a];
-    } else {
-      const std::int64_t v = static_cast<std::int64_t>(in[a]) * s[a];
-      if (v > 2147483647)
-        throw_value_error(op, "stride", "an output tensor stride within int32", std::to_string(v));
-      out[a] = static_cast<std::int32_t>(v);
-    }
-  }
-  return out;
-}
-
 backend::RelationView view_of(const Relation& r, ConvPass pass = ConvPass::forward) {
   backend::RelationView v;
   v.n_in = r.n_in;
@@ -185,42 +140,20 @@ ConvPlan plan_conv(std::string_view op, RelationKind kind, const SparseTensor& x
 
 ConvPlan plan_conv(std::string_view op, RelationKind kind, const std::shared_ptr<CoordinateSet>& x,
                    const ConvOptions& options, const std::shared_ptr<CoordinateSet>& target) {
-  check_geometry(op, options, kind);
-  const bool needs_target = kind == RelationKind::target || kind == RelationKind::transposed_target;
-  if (needs_target && !target)
-    throw_value_error(op, "coordinates", "a target SparseTensor for a target relation", "None");
-  if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
-  if (!x->coords().device().is_cpu())
-    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (relation building on " +
-                           to_string(x->coords().device()) + " comes with the CUDA backend), got " +
-                           to_string(x->coords().device()));
+  const KernelSpec requested{.size = options.kernel_size,
+                             .stride = options.stride,
+                             .padding = options.padding,
+                             .dilation = options.dilation,
+                             .expand = options.expand};
+  PlannedRelation planned = plan_relation(op, kind, x, requested, target);
   ConvPlan plan;
   plan.op = std::string(op);
   plan.kind = kind;
   plan.options = options;
-  plan.spec.size = options.kernel_size;
-  plan.spec.stride = kind == RelationKind::submanifold ? Int3{1, 1, 1} : options.stride;
-  plan.spec.padding = (kind == RelationKind::submanifold || kind == RelationKind::generative)
-                          ? Int3{0, 0, 0}
-                          : options.padding;
-  plan.spec.dilation = options.dilation;
-  plan.spec.expand = options.expand;
-  const Int3 out_stride = output_stride(op, kind, x->stride(), plan.spec.stride);
-  std::shared_ptr<CoordinateSet> target_set;
-  if (needs_target) {
-    target_set = target;
-    if (target->coords().device() != x->coords().device())
-      throw_value_error(op, "coordinates", "the device of the input (" + to_string(x->coords().device()) + ")",
-                        to_string(target->coords().device()));
-    if (target->stride() != out_stride)
-      throw_value_error(op, "coordinates", "a target at the output stride " + to_string(out_stride),
-                        "stride " + to_string(target->stride()));
-  }
-  auto result = x->relation(kind, plan.spec, target_set, op);
-  plan.relation = result.relation;
+  plan.spec = planned.spec;
+  plan.relation = std::move(planned.relation);
   plan.input = x;
-  plan.output = result.output;
-  LATTICE_ASSERT(plan.output && plan.output->stride() == out_stride, "relation output stride mismatch");
+  plan.output = std::move(planned.output);
   return plan;
 }
 

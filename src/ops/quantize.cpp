@@ -6,8 +6,58 @@
 #include "backend/kernel_table.h"
 #include "lattice/core/error.h"
 #include "ops/common.h"
+#include "ops/point_checks.h"
 
 namespace lattice::ops {
+
+namespace detail {
+
+void check_points(std::string_view op, const Array& points) {
+  if (!points.defined()) throw_value_error(op, "points", "a (P, 3) float array", "nothing");
+  if (points.dtype() != Dtype::f32 && points.dtype() != Dtype::f64)
+    throw_type_error(op, "points", "float32 or float64", to_string(points.dtype()));
+  if (points.ndim() != 2 || points.dim(1) != 3)
+    throw_value_error(op, "points", "shape (P, 3)", format_shape(points.shape()));
+}
+
+void check_grid(std::string_view op, const std::array<double, 3>& voxel_size,
+                const std::array<double, 3>& origin) {
+  for (int d = 0; d < 3; ++d) {
+    if (!(voxel_size[d] > 0) || !std::isfinite(voxel_size[d]))
+      throw_value_error(op, "voxel_size", "positive finite sizes",
+                        std::to_string(voxel_size[d]) + " on axis " + std::to_string(d));
+    if (!std::isfinite(origin[d]))
+      throw_value_error(op, "origin", "finite values", std::to_string(origin[d]));
+  }
+}
+
+Array checked_batch(std::string_view op, const Array* batch_indices, std::int64_t n,
+                    const Device& device) {
+  if (!batch_indices || !batch_indices->defined()) return {};
+  const Array& b = *batch_indices;
+  if (b.dtype() != Dtype::i32 && b.dtype() != Dtype::i64)
+    throw_type_error(op, "batch_indices", "int32 or int64", to_string(b.dtype()));
+  if (b.ndim() != 1 || b.dim(0) != n)
+    throw_value_error(op, "batch_indices", "shape (P=" + std::to_string(n) + ",)",
+                      format_shape(b.shape()));
+  if (b.device() != device)
+    throw_value_error(op, "batch_indices", "the device of points (" + to_string(device) + ")",
+                      to_string(b.device()));
+  const Array bc = b.contiguous();
+  Array batch = Array::empty({n}, Dtype::i32);
+  auto* dst = batch.data<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t v =
+        bc.dtype() == Dtype::i32 ? bc.data<std::int32_t>()[i] : bc.data<std::int64_t>()[i];
+    if (v < 0 || v > 2147483647)
+      throw_value_error(op, "batch_indices", "values in [0, 2^31)",
+                        std::to_string(v) + " at row " + std::to_string(i));
+    dst[i] = static_cast<std::int32_t>(v);
+  }
+  return batch;
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -29,42 +79,18 @@ Explanation explain_quantize(const Array& points) {
 
 QuantizeOutput sparse_quantize(const Array& points, const QuantizeOptions& options,
                                const Array* batch_indices) {
-  if (!points.defined()) throw_value_error(kOp, "points", "a (P, 3) float array", "nothing");
-  if (points.dtype() != Dtype::f32 && points.dtype() != Dtype::f64)
-    throw_type_error(kOp, "points", "float32 or float64", to_string(points.dtype()));
-  if (points.ndim() != 2 || points.dim(1) != 3)
-    throw_value_error(kOp, "points", "shape (P, 3)", format_shape(points.shape()));
-  for (int d = 0; d < 3; ++d) {
-    if (!(options.voxel_size[d] > 0) || !std::isfinite(options.voxel_size[d]))
-      throw_value_error(kOp, "voxel_size", "positive finite sizes",
-                        std::to_string(options.voxel_size[d]) + " on axis " + std::to_string(d));
-    if (!std::isfinite(options.origin[d]))
-      throw_value_error(kOp, "origin", "finite values", std::to_string(options.origin[d]));
-  }
+  return detail::quantize_points(kOp, points, options, batch_indices);
+}
+
+QuantizeOutput detail::quantize_points(std::string_view op, const Array& points,
+                                       const QuantizeOptions& options, const Array* batch_indices) {
+  detail::check_points(op, points);
+  detail::check_grid(op, options.voxel_size, options.origin);
   const std::int64_t n = points.dim(0);
-  Array batch;
-  if (batch_indices && batch_indices->defined()) {
-    const Array& b = *batch_indices;
-    if (b.dtype() != Dtype::i32 && b.dtype() != Dtype::i64)
-      throw_type_error(kOp, "batch_indices", "int32 or int64", to_string(b.dtype()));
-    if (b.ndim() != 1 || b.dim(0) != n)
-      throw_value_error(kOp, "batch_indices", "shape (P=" + std::to_string(n) + ",)", format_shape(b.shape()));
-    if (b.device() != points.device())
-      throw_value_error(kOp, "batch_indices", "the device of points (" + to_string(points.device()) + ")",
-                        to_string(b.device()));
-    const Array bc = b.contiguous();
-    batch = Array::empty({n}, Dtype::i32);
-    auto* dst = batch.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t v = bc.dtype() == Dtype::i32 ? bc.data<std::int32_t>()[i] : bc.data<std::int64_t>()[i];
-      if (v < 0 || v > 2147483647)
-        throw_value_error(kOp, "batch_indices", "values in [0, 2^31)",
-                          std::to_string(v) + " at row " + std::to_string(i));
-      dst[i] = static_cast<std::int32_t>(v);
-    }
-  }
+  const Array batch = detail::checked_batch(op, batch_indices, n, points.device());
   const QuantizeProblem problem = make_problem(points);
-  const Explanation e = explain(problem, backend::device_caps(), effective_policy(options.policy, "quantize"));
+  const Explanation e =
+      explain(problem, backend::device_caps(), effective_policy(options.policy, "quantize"));
   const backend::QuantizeFn fn = backend::find_quantize_kernel(chosen_or_throw(e));
   LATTICE_ASSERT(fn != nullptr, "admitted quantize route has no kernel in this build");
   const Array pts = points.contiguous();
@@ -77,14 +103,17 @@ QuantizeOutput sparse_quantize(const Array& points, const QuantizeOptions& optio
     args.voxel_size[d] = options.voxel_size[d];
     args.origin[d] = options.origin[d];
   }
+  args.drop_invalid = options.drop_invalid;
   backend::QuantizeResult r = fn(args);
   if (r.first_invalid >= 0)
-    throw_value_error(kOp, "points", "finite values (no NaN or inf)",
-                      "a non-finite value at row " + std::to_string(r.first_invalid));
+    throw_value_error(
+        op, "points", "finite values (no NaN or inf)",
+        "a non-finite value at row " + std::to_string(r.first_invalid) +
+            (op == "sparse_quantize" ? " (drop_invalid=True drops such points)" : ""));
   if (r.first_overflow >= 0)
-    throw_value_error(kOp, "points", "voxel indices within int32 (use a larger voxel_size)",
+    throw_value_error(op, "points", "voxel indices within int32 (use a larger voxel_size)",
                       "an out-of-range voxel at row " + std::to_string(r.first_overflow));
-  return {std::move(r.coords), std::move(r.inverse), std::move(r.counts)};
+  return {std::move(r.coords), std::move(r.inverse), std::move(r.counts), std::move(r.kept)};
 }
 
 }  // namespace lattice::ops

@@ -12,6 +12,14 @@ std::string_view to_string(RouteId id) {
     case RouteId::conv_pointwise_matmul: return "pointwise_matmul";
     case RouteId::conv_gather_gemm_scatter: return "gather_gemm_scatter";
     case RouteId::quantize_reference: return "reference";
+    case RouteId::point_voxel_reference: return "reference";
+    case RouteId::point_voxel_parallel: return "parallel";
+    case RouteId::pool_reference: return "reference";
+    case RouteId::pool_csr_reduce: return "csr_reduce";
+    case RouteId::pool_input_exclusive: return "input_exclusive";
+    case RouteId::algebra_reference: return "reference";
+    case RouteId::algebra_hashed: return "hashed";
+    case RouteId::coords_reference: return "reference";
   }
   return "unknown";
 }
@@ -22,13 +30,24 @@ std::string_view op_family(RouteId id) {
     case RouteId::conv_pointwise_matmul:
     case RouteId::conv_gather_gemm_scatter: return "conv";
     case RouteId::quantize_reference: return "quantize";
+    case RouteId::point_voxel_reference:
+    case RouteId::point_voxel_parallel: return "point_voxel";
+    case RouteId::pool_reference:
+    case RouteId::pool_csr_reduce:
+    case RouteId::pool_input_exclusive: return "pool";
+    case RouteId::algebra_reference:
+    case RouteId::algebra_hashed: return "algebra";
+    case RouteId::coords_reference: return "coords";
   }
   return "unknown";
 }
 
 std::optional<RouteId> route_from_string(std::string_view family, std::string_view name) {
   for (RouteId id : {RouteId::conv_reference, RouteId::conv_pointwise_matmul,
-                     RouteId::conv_gather_gemm_scatter, RouteId::quantize_reference}) {
+                     RouteId::conv_gather_gemm_scatter, RouteId::quantize_reference,
+                     RouteId::point_voxel_reference, RouteId::point_voxel_parallel,
+                     RouteId::pool_reference, RouteId::pool_csr_reduce, RouteId::pool_input_exclusive,
+                     RouteId::algebra_reference, RouteId::algebra_hashed, RouteId::coords_reference}) {
     if (op_family(id) == family && to_string(id) == name) return id;
   }
   return std::nullopt;

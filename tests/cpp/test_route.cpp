@@ -360,7 +360,9 @@ TEST(RouteNames, NamesResolveWithinTheirFamilyOnly) {
   EXPECT_FALSE(route_from_string("quantize", "gather_gemm_scatter").has_value());
   EXPECT_FALSE(route_from_string("conv", "implicit_gemm").has_value());
   EXPECT_FALSE(route_from_string("conv", "").has_value());
-  EXPECT_FALSE(route_from_string("pool", "reference").has_value());
+  EXPECT_EQ(route_from_string("pool", "reference"), RouteId::pool_reference);
+  EXPECT_FALSE(route_from_string("pool", "gather_gemm_scatter").has_value());
+  EXPECT_FALSE(route_from_string("no_such_family", "reference").has_value());
   EXPECT_FALSE(route_from_string("conv", "conv_reference").has_value());  // no op prefix
   EXPECT_FALSE(route_from_string("conv", "Reference").has_value());
 }

@@ -32,7 +32,8 @@ def sparse_quantize(
     voxel_size: float | Sequence[float],
     batch_indices: Any = None,
     origin: float | Sequence[float] = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    drop_invalid: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Quantize points to voxels.
 
     Args:
@@ -40,11 +41,14 @@ def sparse_quantize(
         voxel_size: positive float or 3 floats.
         batch_indices: optional ``(P,)`` ints (default all 0).
         origin: float or 3 floats subtracted before dividing.
+        drop_invalid: drop rows with NaN / inf instead of raising.
 
     Returns:
         ``coords`` ``(M, 4)`` int64 ``(batch, vx, vy, vz)`` unique, in
         first-occurrence order; ``inverse`` ``(P,)`` int64 (point -> row of
-        ``coords``); ``counts`` ``(M,)`` int64 (points per voxel).
+        ``coords``); ``counts`` ``(M,)`` int64 (points per voxel). With
+        ``drop_invalid`` a fourth array ``kept`` ``(P,)`` bool, and the first
+        three are the result for ``points[kept]`` alone.
 
     Raises:
         ValueError: on NaN / inf points, non-positive voxel size, or shapes.
@@ -54,6 +58,10 @@ def sparse_quantize(
         p = p.reshape(0, 3)
     if p.ndim != 2 or p.shape[1] != 3:
         raise ValueError(f"points must have shape (P, 3), got {p.shape}")
+    if drop_invalid:
+        kept = np.all(np.isfinite(p), axis=1)
+        b_kept = None if batch_indices is None else np.asarray(batch_indices)[kept]
+        return (*sparse_quantize(p[kept], voxel_size, b_kept, origin), kept)
     if not np.all(np.isfinite(p)):
         bad = int(np.argwhere(~np.all(np.isfinite(p), axis=1))[0, 0])
         raise ValueError(f"points contain NaN or inf (first at row {bad}: {p[bad]})")

@@ -42,7 +42,8 @@ def test_bench_smoke_cases_cover_every_group_and_conv_geometry(smoke):
     assert {"conv", "relations", "point_voxel", "networks"} <= groups
     assert {n.split("/")[1] for n in names if n.startswith("conv/")} == CONV_TAGS
     assert any(n.startswith("networks/minkunet42/") for n in names)
-    assert "issue 4" in doc["skipped_groups"]["pooling"]
+    assert "pooling" in groups and "pooling" not in doc["skipped_groups"]
+    assert {n.split("/")[1] for n in names if n.startswith("pooling/")} == set(cases.POOL_TAGS)
 
 
 def test_bench_smoke_results_report_route_n_and_pairs(smoke):

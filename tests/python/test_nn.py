@@ -92,7 +92,7 @@ def test_unet_block_state_dict_round_trip_reproduces_outputs(rng):
         assert torch.equal(ya.feats, yb.feats)
         assert torch.equal(ya.coords, yb.coords)
     assert set(a.state_dict()) == set(b.state_dict())
-    assert "bn0.running_mean" in a.state_dict() and "stem.weight" in a.state_dict()
+    assert "bn0.bn.running_mean" in a.state_dict() and "stem.weight" in a.state_dict()
     assert tuple(a.state_dict()["stem.weight"].shape) == (8, 3, 3, 3, 3)
 
 

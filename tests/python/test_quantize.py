@@ -91,3 +91,66 @@ def test_sparse_quantize_output_builds_a_valid_sparse_tensor(rng):
     feats = torch.zeros(coords.shape[0], 3, dtype=torch.float64).index_add_(0, inverse, p) / counts[:, None]
     x = lattice.SparseTensor(coords, feats, validate=True)
     assert len(x) == int(counts.numel()) and int(counts.sum()) == 120
+
+
+# ---- drop_invalid -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparse_quantize_drop_invalid_returns_kept_mask_and_equals_oracle_on_kept_points(rng, dtype):
+    p = torch.from_numpy(rng.standard_normal((300, 3))).to(dtype)
+    bad = torch.from_numpy(rng.choice(300, 40, replace=False))
+    p[bad[:15], 0] = float("nan")
+    p[bad[15:30], 1] = float("inf")
+    p[bad[30:], 2] = -float("inf")
+    b = torch.from_numpy(rng.integers(0, 3, 300))
+    coords, inverse, counts, kept = lattice.ops.sparse_quantize(p, (0.3, 0.4, 0.5), b, origin=0.1, drop_invalid=True)
+    assert kept.dtype == torch.bool and tuple(kept.shape) == (300,)
+    assert not kept[bad].any() and int(kept.sum()) == 260
+    ref = oracle.sparse_quantize(p.numpy(), (0.3, 0.4, 0.5), b.numpy(), origin=0.1, drop_invalid=True)
+    np.testing.assert_array_equal(kept.numpy(), ref[3])
+    np.testing.assert_array_equal(coords.numpy(), ref[0])
+    np.testing.assert_array_equal(inverse.numpy(), ref[1])
+    np.testing.assert_array_equal(counts.numpy(), ref[2])
+    # the same as quantizing the kept points alone
+    alone = lattice.ops.sparse_quantize(p[kept], (0.3, 0.4, 0.5), b[kept], origin=0.1)
+    assert all(torch.equal(x, y) for x, y in zip(alone, (coords, inverse, counts)))
+
+
+def test_sparse_quantize_drop_invalid_without_bad_points_keeps_every_point(rng):
+    p = torch.from_numpy(rng.standard_normal((50, 3)))
+    coords, inverse, counts, kept = lattice.ops.sparse_quantize(p, 0.5, drop_invalid=True)
+    assert kept.all()
+    assert all(torch.equal(x, y) for x, y in zip(lattice.ops.sparse_quantize(p, 0.5), (coords, inverse, counts)))
+
+
+def test_sparse_quantize_drop_invalid_all_points_bad_gives_empty_outputs():
+    coords, inverse, counts, kept = lattice.ops.sparse_quantize(torch.full((3, 3), float("nan")), 1.0, drop_invalid=True)
+    assert tuple(coords.shape) == (0, 4) and inverse.numel() == 0 and counts.numel() == 0
+    assert kept.tolist() == [False, False, False]
+
+
+def test_sparse_quantize_non_finite_error_names_row_and_suggests_drop_invalid():
+    p = torch.zeros(4, 3)
+    p[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"^\[sparse_quantize\] points: expected finite values \(no NaN or inf\), "
+                                         r"got a non-finite value at row 2 \(drop_invalid=True drops such points\)$"):
+        lattice.ops.sparse_quantize(p, 1.0)
+
+
+def test_sparse_quantize_drop_invalid_still_raises_for_voxel_index_outside_int32():
+    p = torch.tensor([[float("nan"), 0, 0], [3e9, 0.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^\[sparse_quantize\] points: expected voxel indices within int32 .* row 1"):
+        lattice.ops.sparse_quantize(p, 1.0, drop_invalid=True)
+
+
+def test_sparse_quantize_drop_invalid_of_wrong_type_raises_type_error():
+    with pytest.raises(TypeError, match=r"^\[sparse_quantize\] drop_invalid: expected a bool, got str"):
+        lattice.ops.sparse_quantize(torch.zeros(2, 3), 1.0, drop_invalid="yes")
+
+
+def test_sparse_quantize_forced_reference_route_equals_default(rng):
+    p = torch.from_numpy(rng.standard_normal((100, 3)))
+    a = lattice.ops.sparse_quantize(p, 0.3)
+    b = lattice.ops.sparse_quantize(p, 0.3, route="reference")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

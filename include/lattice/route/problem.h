@@ -39,4 +39,86 @@ struct QuantizeProblem {
 };
 std::string to_string(const QuantizeProblem& problem);
 
+// Point <-> voxel conversion (voxelize, devoxelize, build_point_voxel_map).
+enum class PointReduction { sum, mean, max };  // voxelize: per-voxel reduction of point features
+std::string_view to_string(PointReduction reduction);
+enum class PointVoxelMode { nearest, trilinear };  // build_point_voxel_map
+std::string_view to_string(PointVoxelMode mode);
+enum class PointVoxelPass { forward, backward, build_map };
+std::string_view to_string(PointVoxelPass pass);
+struct PointVoxelProblem {
+  std::string op = "voxelize";  // voxelize, devoxelize, build_point_voxel_map
+  PointVoxelPass pass = PointVoxelPass::forward;
+  Dtype dtype = Dtype::f32;  // feature dtype (point dtype for build_map)
+  Device device;
+  std::int64_t n_points = 0;
+  std::int64_t n_voxels = 0;
+  std::int64_t channels = 0;
+  std::int64_t n_pairs = 0;  // (point, voxel) pairs: P for voxelize, P*8 slots for devoxelize
+  std::string detail;        // reduction (voxelize) or mode (map ops), for the summary line
+};
+std::string to_string(const PointVoxelProblem& problem);
+
+// Pooling (SEMANTICS.md "Pooling"): each output row reduces the input rows of its edges.
+// `weighted` applies fixed per-edge weights (trilinear_upsample3d).
+enum class PoolMode { sum, avg, max, weighted };
+std::string_view to_string(PoolMode mode);
+enum class PoolPass { forward, input_grad };
+std::string_view to_string(PoolPass pass);
+// Where a pooling's edges come from: a relation kind (local pooling: forward / target;
+// pool_transpose3d: transposed / transposed_target), the rows of each batch (global pooling) or
+// the 8 coarse neighbours of each fine row (trilinear_upsample3d).
+enum class PoolEdges { forward, target, transposed, transposed_target, batch, trilinear };
+std::string_view to_string(PoolEdges edges);
+struct PoolProblem {
+  std::string op = "max_pool3d";  // public op name: pool3d, max_pool3d, global_avg_pool, ...
+  PoolMode mode = PoolMode::max;
+  PoolPass pass = PoolPass::forward;
+  PoolEdges edges = PoolEdges::forward;
+  Dtype dtype = Dtype::f32;
+  Device device;
+  std::int64_t n_in = 0;
+  std::int64_t n_out = 0;
+  std::int64_t channels = 0;
+  std::int64_t n_edges = 0;
+  KernelSpec spec;            // kernel geometry of relation edges (forward .. transposed_target)
+  bool deterministic = true;  // bitwise-reproducible results required
+};
+std::string to_string(const PoolProblem& problem);
+
+// Sparse algebra (SEMANTICS.md "Sparse algebra and coordinate utilities"): two coordinate sets
+// aligned by value with a join (or query rows looked up in one set), then aligned feature rows
+// combined elementwise.
+enum class Join { inner, left, right, outer };
+std::string_view to_string(Join join);
+enum class AlgebraOp { add, sub, mul, maximum, minimum, cat };
+std::string_view to_string(AlgebraOp op);
+enum class AlgebraPass { align, lookup, forward, backward };
+std::string_view to_string(AlgebraPass pass);
+struct AlgebraProblem {
+  std::string op = "sparse_add";  // public op name: sparse_add, ..., union_coords, lookup_coords
+  AlgebraPass pass = AlgebraPass::align;
+  Join join = Join::outer;             // align
+  AlgebraOp combine = AlgebraOp::add;  // forward / backward
+  Dtype dtype = Dtype::i32;            // features (forward / backward); int32 coordinates otherwise
+  Device device;
+  std::int64_t n_lhs = 0;     // lhs rows (lookup: table rows)
+  std::int64_t n_rhs = 0;     // rhs rows (lookup: query rows)
+  std::int64_t n_out = 0;     // aligned rows (forward / backward)
+  std::int64_t channels = 0;  // output feature columns (forward / backward)
+  bool same_key = false;      // one coordinate identity on both sides: nothing aligned
+};
+std::string to_string(const AlgebraProblem& problem);
+
+// Coordinate utilities computed from coordinate values alone.
+enum class CoordsPass { downsample, morton_codes, morton_order };
+std::string_view to_string(CoordsPass pass);
+struct CoordsProblem {
+  std::string op = "downsample_coords";  // downsample_coords, morton_codes, morton_order
+  CoordsPass pass = CoordsPass::downsample;
+  Device device;
+  std::int64_t n_rows = 0;
+};
+std::string to_string(const CoordsProblem& problem);
+
 }  // namespace lattice

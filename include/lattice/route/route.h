@@ -19,6 +19,14 @@ enum class RouteId {
   conv_pointwise_matmul,     // src/backend/cpu/conv/pointwise_matmul.cpp
   conv_gather_gemm_scatter,  // src/backend/cpu/conv/gather_gemm_scatter.cpp
   quantize_reference,        // src/backend/cpu/quantize/reference.cpp
+  point_voxel_reference,     // src/backend/cpu/point_voxel/reference.cpp
+  point_voxel_parallel,      // src/backend/cpu/point_voxel/parallel.cpp
+  pool_reference,            // src/backend/cpu/pool/reference.cpp
+  pool_csr_reduce,           // src/backend/cpu/pool/csr_reduce.cpp
+  pool_input_exclusive,      // src/backend/cpu/pool/input_exclusive.cpp
+  algebra_reference,         // src/backend/cpu/algebra/reference.cpp
+  algebra_hashed,            // src/backend/cpu/algebra/hashed.cpp
+  coords_reference,          // src/backend/cpu/coords/reference.cpp
 };
 // Public route names drop the op prefix: "reference", "pointwise_matmul", ...
 std::string_view to_string(RouteId id);
@@ -59,6 +67,13 @@ struct RoutePolicy {
 
 Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 Explanation explain(const QuantizeProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PointVoxelProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PoolProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+Explanation explain(const AlgebraProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 
 template <class Problem>

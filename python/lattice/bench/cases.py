@@ -2,7 +2,7 @@
 
 Groups (BENCHMARKS.md "Axes"): ``conv`` (submanifold k3, forward k2 s2 and k3 s2, transposed k2 s2
 onto a target, generative k2 s2, pointwise k1), ``relations`` (coordinate index and map building
-alone), ``pooling`` (not landed yet), ``point_voxel`` (sparse_quantize), ``networks`` (MinkUNet42).
+alone), ``pooling`` (max k2 s2, avg k3 s2, global avg, unpool k2 s2 onto the skip), ``point_voxel`` (sparse_quantize), ``networks`` (MinkUNet42).
 
 A case is labelled by public shape — group / operation geometry / workload / channels — and records
 the route that ran beside its numbers. Dtype and device are properties of the run, not of the name,
@@ -362,6 +362,111 @@ def quantize_case(points_name: str, voxel: float) -> Case:
     return Case(name, "point_voxel", run, points_name)
 
 
+# -- pooling -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    tag: str  # name part: max_k2s2, avg_k3s2, global_avg, unpool_k2s2
+    op: str  # public op name
+    kernel: int  # 0 for global pooling
+    stride: int
+    coarse_input: bool  # input is the k2 s2 parent of the workload, output lands on the workload (unpool)
+
+
+POOL_GEOMETRIES = {
+    g.tag: g
+    for g in (
+        PoolGeometry("max_k2s2", "max_pool3d", 2, 2, False),
+        PoolGeometry("avg_k3s2", "avg_pool3d", 3, 2, False),
+        PoolGeometry("global_avg", "global_avg_pool", 0, 1, False),
+        PoolGeometry("unpool_k2s2", "pool_transpose3d", 2, 2, True),
+    )
+}
+POOL_TAGS = tuple(POOL_GEOMETRIES)
+
+
+def pool_case(tag: str, workload: str, channels: int) -> Case:
+    """Pooling timings: ``map_cold`` (fresh tensor + plan), ``cold`` (fresh tensor + op), ``hot``
+    (op on a cached relation), ``input_grad`` (``core.pool_backward``), ``fwd_bwd`` (op +
+    ``torch.autograd.grad``). Pairs = edges (rows for global pooling). Bytes (estimate): read the
+    gathered rows, write the output rows (forward), the reverse for the gradient."""
+    geom = POOL_GEOMETRIES[tag]
+    name = f"pooling/{tag}/{workload}/C{channels}"
+
+    def run(ctx: Context) -> dict:
+        dev = ctx.device
+        fine = torch.from_numpy(np.array(workloads.coords(workload))).to(dev)
+        target_feats = torch.empty(fine.shape[0], 0, device=dev, dtype=ctx.dtype)
+        if geom.coarse_input:
+            probe = SparseTensor(fine, torch.empty(fine.shape[0], 0, device=dev))
+            down = ops.pool.plan_pool("max_pool3d", probe, 2, 2)
+            in_coords, in_stride = from_core(down.output.coords()).clone(), 2
+        else:
+            in_coords, in_stride = fine, 1
+        feats = ctx.randn(in_coords.shape[0], channels, salt=1)
+
+        def fresh() -> tuple[SparseTensor, Optional[SparseTensor]]:
+            x = SparseTensor(in_coords, feats, stride=in_stride)
+            return x, (SparseTensor(fine, target_feats) if geom.coarse_input else None)
+
+        def kwargs(t: Optional[SparseTensor]) -> dict:
+            if geom.kernel == 0:
+                return {}
+            kw: dict[str, Any] = {"kernel_size": geom.kernel, "stride": geom.stride}
+            if t is not None:
+                kw["coordinates"] = t
+            return kw
+
+        fn = getattr(ops, geom.op)
+        explain_args = lambda x, t: ((x,), kwargs(t))  # noqa: E731
+
+        def plan(x: SparseTensor, t: Optional[SparseTensor]) -> Any:
+            if geom.op == "global_avg_pool":
+                return ops.pool.plan_global_pool(geom.op, x, "avg")
+            if geom.op == "pool_transpose3d":
+                return ops.pool.plan_pool_transpose(geom.op, x, **kwargs(t))
+            return ops.pool.plan_pool(geom.op, x, mode=geom.op[:3], **kwargs(t))
+
+        x, tgt = fresh()
+        fn(x, **kwargs(tgt))
+        p = plan(x, tgt)
+        n_in, n_out, pairs = int(p.n_in), int(p.n_out), int(p.n_edges)
+        res: dict[str, Any] = {"op": geom.op, "kernel_size": geom.kernel, "stride": geom.stride, "c_in": channels,
+                               "c_out": channels, "n_in": n_in, "n_out": n_out, "pairs": pairs,
+                               "avg_offsets": pairs / n_out if n_out else 0.0}
+        args, kw = explain_args(x, tgt)
+        res["routes"] = {ps: lattice.explain(geom.op, *args, pass_=ps, **kw).chosen for ps in ("forward", "input_grad")}
+        res["route"] = res["routes"]["forward"]
+        gy = ctx.randn(n_out, channels, salt=3)
+        _, argmax = core.pool_forward(p, to_core(feats))
+        argmax_t = None if argmax is None else from_core(argmax)
+        timings: dict[str, dict] = {}
+        timings["map_cold"] = ctx.time(lambda a: plan(*a), setup=fresh)
+        timings["cold"] = ctx.time(lambda a: fn(a[0], **kwargs(a[1])), setup=fresh)
+        with torch.no_grad():
+            timings["hot"] = ctx.time(lambda _: fn(x, **kwargs(tgt)))
+        timings["input_grad"] = ctx.time(
+            lambda _: from_core(core.pool_backward(p, to_core(gy), None if argmax_t is None else to_core(argmax_t))))
+        fx = feats.clone().requires_grad_(True)
+        xg = x.replace_feats(fx)
+
+        def fwd_bwd(_: Any) -> Any:
+            y = fn(xg, **kwargs(tgt))
+            return torch.autograd.grad(y.feats if isinstance(y, SparseTensor) else y, (fx,), gy)
+
+        timings["fwd_bwd"] = ctx.time(fwd_bwd)
+        res["timings"] = timings
+        res["workload_source"] = workloads.source(workload)
+        esize = torch.empty(0, dtype=ctx.dtype).element_size()
+        moved = float((pairs + n_out) * channels * esize)
+        attach_rates(res, ctx, {"cold": (None, moved), "hot": (None, moved), "input_grad": (None, moved),
+                                "fwd_bwd": (None, 2 * moved)})
+        return res
+
+    return Case(name, "pooling", run, workload)
+
+
 # -- networks: MinkUNet42 (BENCHMARKS.md "End-to-end network") ---------------------------------------
 
 
@@ -582,7 +687,7 @@ def _network_workloads(batch: int) -> str:
 
 def _preset_specs(sel: Selection) -> list[tuple]:
     """('conv', tag, workload, C) | ('relations', tag, workload) | ('quantize', points, voxel) |
-    ('network', workload, batch)."""
+    ('pool', tag, workload, C) | ('network', workload, batch)."""
     specs: list[tuple] = []
     cuda = sel.device == "cuda"
     kitti_points = "kitti_points" if workloads.kitti_path() is not None else "lidar_points"
@@ -595,6 +700,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
             specs += [("conv", "subm3", "kitti", 32), ("conv", "k2s2", "kitti", 32)]
         specs += [("relations", t, "grid_20k") for t in ("subm3", "k2s2", "tr_k2s2", "gen_k2s2")]
         specs.append(("quantize", "lidar_small_points", 0.05))
+        specs += [("pool", t, "grid_20k", 16) for t in POOL_TAGS]
         specs.append(("network", "lidar_tiny", 1))  # small: smoke checks the network runs, not its speed
     elif sel.preset == "standard":
         table = anchors.GPU if cuda else anchors.CPU
@@ -604,6 +710,8 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         for wl in dict.fromkeys(wl for wl, _ in rows):
             specs += [("relations", "subm3", wl), ("relations", "k2s2", wl)]
         specs.append(("quantize", kitti_points, 0.05))
+        for wl in dict.fromkeys(wl for wl, _ in rows):
+            specs += [("pool", "max_k2s2", wl, 32), ("pool", "global_avg", wl, 32)]
         specs.append(("network", _network_workloads(1), 1))
         if cuda:
             specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
@@ -613,6 +721,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
             for c in chans:
                 specs += [("conv", t, wl, c) for t in CONV_TAGS]
             specs += [("relations", t, wl) for t in CONV_TAGS if t != "pw"]
+            specs += [("pool", t, wl, c) for t in POOL_TAGS for c in chans]
         families = ["grid", "plane", "isolated"] + [f"{f}{s}" for f in ("line", "block") for s in (2, 4, 8)]
         for fam in families:
             for n in ("10k", "100k", "1m"):
@@ -646,6 +755,12 @@ def build_cases(sel: Selection) -> list[Case]:
         elif kind == "quantize":
             cs = quantize_case(spec[1], spec[2])
             cases.setdefault(cs.name, cs)
+        elif kind == "pool":
+            _, tag, wl, c = spec
+            for w in _resize(wl, sel.sizes):
+                for ch in (sel.channels or [c]):
+                    cs = pool_case(tag, w, ch)
+                    cases.setdefault(cs.name, cs)
         elif kind == "network":
             cs = network_case(spec[1], spec[2])
             cases.setdefault(cs.name, cs)
@@ -664,8 +779,6 @@ def skipped_groups(sel: Selection) -> dict[str, str]:
     out = {}
     if not hasattr(ops, "max_pool3d") and not hasattr(ops, "pool3d"):
         out["pooling"] = "pooling ops not landed yet (issue 4)"
-    else:
-        out["pooling"] = "pooling ops exist but their cases are not written yet (add them in lattice/bench/cases.py)"
     return out
 
 

@@ -33,7 +33,8 @@ from . import workloads
 SCHEMA = 1
 
 # The timing shown in the chart for each group (the case's headline number).
-PRIMARY = {"conv": "hot", "relations": "map_cold", "point_voxel": "quantize", "networks": "inference"}
+PRIMARY = {"conv": "hot", "relations": "map_cold", "point_voxel": "quantize", "networks": "inference",
+           "pooling": "hot"}
 
 
 # -- environment ------------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def _rate(r: dict, key: str, field: str) -> Optional[float]:
 
 
 def format_tables(doc: dict, with_layers: bool = False) -> str:
-    """The text tables of a run (conv, relations, point/voxel, networks, skipped)."""
+    """The text tables of a run (conv, relations, point/voxel, pooling, networks, skipped)."""
     results = doc["results"]
     ok = [r for r in results if r.get("status") == "ok"]
     parts = []
@@ -219,6 +220,16 @@ def format_tables(doc: dict, with_layers: bool = False) -> str:
                 for r in pv]
         parts.append("\npoint / voxel (ms; N_in points, N_out voxels, avg points per voxel)")
         parts.append(_table(["case", "route", "N_in", "N_out", "avg", "ms", "p95", "GB/s", "%copy"], rows))
+    pool = [r for r in ok if r["group"] == "pooling"]
+    if pool:
+        rows = [[r["name"], "/".join(str(v) for v in (r.get("routes") or {}).values()), _num(r["n_in"]),
+                 _num(r["n_out"]), _num(r["pairs"]), f"{r['avg_offsets']:.2f}", _ms(r["timings"].get("map_cold")),
+                 _ms(r["timings"].get("cold")), _ms(r["timings"].get("hot")), _ms(r["timings"].get("hot"), "p95_ms"),
+                 _ms(r["timings"].get("input_grad")), _ms(r["timings"].get("fwd_bwd")),
+                 _si(_rate(r, "hot", "bytes_per_s"), 1e9), _pct(_rate(r, "hot", "pct_copy_ceiling"))] for r in pool]
+        parts.append("\npooling (ms; routes = forward/input_grad; pairs = edges, rows for global pooling)")
+        parts.append(_table(["case", "routes", "N_in", "N_out", "pairs", "avg", "map", "cold", "hot", "hot p95", "dX",
+                             "f+b", "GB/s", "%copy"], rows))
     nets = [r for r in ok if r["group"] == "networks"]
     if nets:
         rows = [[r["name"], str(r.get("route")), _num(r["n_in"]), _num(r["pairs"]), f"{r['avg_offsets']:.2f}",

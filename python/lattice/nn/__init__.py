@@ -1,5 +1,34 @@
 """lattice.nn: torch.nn.Module versions of the ops, acting on lattice.SparseTensor."""
 from .conv import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, SubmConv3d
-from .features import BatchNorm, Linear, ReLU
+from .features import (
+    GELU,
+    BatchNorm,
+    Dropout,
+    LayerNorm,
+    LeakyReLU,
+    Linear,
+    ReLU,
+    RMSNorm,
+    SiLU,
+    Sigmoid,
+    Softplus,
+    SyncBatchNorm,
+    Tanh,
+    convert_sync_batchnorm,
+)
+from .pool import (
+    AvgPool3d,
+    GlobalAvgPool,
+    GlobalMaxPool,
+    GlobalSumPool,
+    MaxPool3d,
+    PoolTranspose3d,
+    SumPool3d,
+    TrilinearUpsample3d,
+)
 
 __all__ = ["Conv3d", "SubmConv3d", "ConvTranspose3d", "GenerativeConvTranspose3d", "BatchNorm", "ReLU", "Linear"]
+__all__ += ["MaxPool3d", "AvgPool3d", "SumPool3d", "GlobalAvgPool", "GlobalMaxPool", "GlobalSumPool", "PoolTranspose3d",
+            "TrilinearUpsample3d"]
+__all__ += ["SyncBatchNorm", "convert_sync_batchnorm", "LayerNorm", "RMSNorm", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
+            "Tanh", "Softplus", "Dropout"]

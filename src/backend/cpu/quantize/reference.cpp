@@ -1,10 +1,13 @@
 // Constraints: CPU; points float32 or float64 (P, 3); optional int32 batch ids (P); any P.
 // Single pass in point order, so voxel rows come out in first-occurrence order. Quantization
-// is computed in float64: v = floor((p - origin) / voxel_size).
+// is computed in float64: v = floor((p - origin) / voxel_size) (backend/common/point_voxel.h).
+// With drop_invalid, points with a NaN/inf coordinate are skipped (kept[i] = false) and the
+// inverse lists the kept points only; otherwise the first such point is reported.
 #include <cmath>
 #include <vector>
 
 #include "backend/common/coord_hash.h"
+#include "backend/common/point_voxel.h"
 #include "backend/cpu/quantize/quantize_routes.h"
 
 namespace lattice::backend::cpu {
@@ -16,34 +19,45 @@ QuantizeResult run(const QuantizeArgs& a) {
   QuantizeResult r;
   const T* p = static_cast<const T*>(a.points);
   const std::int64_t n = a.n_points;
-  std::vector<geometry::Coord4> voxels(static_cast<std::size_t>(n));
+  std::vector<geometry::Coord4> voxels;
+  voxels.reserve(static_cast<std::size_t>(n));
+  bool* kept = nullptr;
+  if (a.drop_invalid) {
+    r.kept = Array::empty({n}, Dtype::boolean);
+    kept = r.kept.data<bool>();
+  }
   for (std::int64_t i = 0; i < n; ++i) {
+    bool finite = true;
+    for (int d = 0; d < 3; ++d) finite = finite && std::isfinite(static_cast<double>(p[i * 3 + d]));
+    if (kept) kept[i] = finite;
+    if (!finite) {
+      if (a.drop_invalid) continue;
+      r.first_invalid = i;
+      return r;
+    }
     std::int64_t v[3];
     for (int d = 0; d < 3; ++d) {
-      const double x = static_cast<double>(p[i * 3 + d]);
-      if (!std::isfinite(x)) {
-        r.first_invalid = i;
-        return r;
-      }
-      const double q = std::floor((x - a.origin[d]) / a.voxel_size[d]);
-      if (!(q >= static_cast<double>(geometry::kInt32Min) && q <= static_cast<double>(geometry::kInt32Max))) {
+      const double q =
+          geometry::voxel_floor(static_cast<double>(p[i * 3 + d]), a.origin[d], a.voxel_size[d]);
+      if (!geometry::voxel_index_fits(q)) {
         r.first_overflow = i;
         return r;
       }
       v[d] = static_cast<std::int64_t>(q);
     }
-    voxels[static_cast<std::size_t>(i)] = {a.batch ? a.batch[i] : 0, static_cast<std::int32_t>(v[0]),
-                                           static_cast<std::int32_t>(v[1]), static_cast<std::int32_t>(v[2])};
+    voxels.push_back({a.batch ? a.batch[i] : 0, static_cast<std::int32_t>(v[0]),
+                      static_cast<std::int32_t>(v[1]), static_cast<std::int32_t>(v[2])});
   }
+  const auto n_kept = static_cast<std::int64_t>(voxels.size());
   // Open addressing over voxel rows; slots hold the output row.
   std::uint64_t cap = 16;
-  while (cap < static_cast<std::uint64_t>(2 * n)) cap <<= 1;
+  while (cap < static_cast<std::uint64_t>(2 * n_kept)) cap <<= 1;
   std::vector<std::int32_t> slots(cap, -1);
   std::vector<geometry::Coord4> out;
   std::vector<std::int64_t> counts;
-  r.inverse = Array::empty({n}, Dtype::i64);
+  r.inverse = Array::empty({n_kept}, Dtype::i64);
   auto* inv = r.inverse.data<std::int64_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
+  for (std::int64_t i = 0; i < n_kept; ++i) {
     const auto& c = voxels[static_cast<std::size_t>(i)];
     std::uint64_t h = geometry::hash_coord(c) & (cap - 1);
     while (true) {

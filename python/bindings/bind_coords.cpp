@@ -1,0 +1,124 @@
+// Coordinate utilities: union / intersection / lookup by value, downsampling, Morton codes.
+#include <cstring>
+
+#include "common.h"
+#include "lattice/core/error.h"
+#include "lattice/ops/coords.h"
+
+namespace lattice::python {
+
+namespace {
+
+// Set operations and lookups run on the algebra routes; downsampling and Morton on the coords
+// routes.
+RoutePolicy parse_policy(const std::string& op, const char* family,
+                         const std::optional<std::string>& route) {
+  RoutePolicy p;
+  if (route) {
+    p.force = route_from_string(family, *route);
+    if (!p.force) {
+      const std::string expected =
+          std::string(family) == "algebra" ? "'hashed' or 'reference'" : "'reference'";
+      throw ValueError("[" + op + "] route: expected " + expected + ", got '" + *route + "'");
+    }
+  }
+  return p;
+}
+
+using SetPtr = std::shared_ptr<CoordinateSet>;
+
+}  // namespace
+
+void bind_coords(py::module_& m) {
+  m.def(
+      "union_coords",
+      [](const SetPtr& a, const SetPtr& b, const std::optional<std::string>& route) {
+        const RoutePolicy p = parse_policy("union_coords", "algebra", route);
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::union_coords(a, b, p);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("a"), py::arg("b"), py::arg("route") = py::none());
+  m.def(
+      "intersection_coords",
+      [](const SetPtr& a, const SetPtr& b, const std::optional<std::string>& route) {
+        const RoutePolicy p = parse_policy("intersection_coords", "algebra", route);
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::intersection_coords(a, b, p);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("a"), py::arg("b"), py::arg("route") = py::none());
+  m.def(
+      "lookup_coords",
+      [](const SetPtr& table, const py::object& queries, bool as_bool,
+         const std::optional<std::string>& route) {
+        const char* op = as_bool ? "contains_coords" : "lookup_coords";
+        const RoutePolicy p = parse_policy(op, "algebra", route);
+        Array q = array_from_capsule(queries, "queries");
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = as_bool ? ops::contains_coords(table, q, p) : ops::lookup_coords(table, q, p);
+        }
+        if (as_bool) {
+          // DLPack's bool code is newer than some consumers (torch 1.13): cross as uint8 (0/1), the
+          // Python side views it as bool.
+          Array bytes = Array::empty({out.dim(0)}, Dtype::u8);
+          if (out.dim(0) > 0)
+            std::memcpy(bytes.raw_data(), out.raw_data(), static_cast<std::size_t>(out.dim(0)));
+          out = bytes;
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("table"), py::arg("queries"), py::arg("as_bool") = false,
+      py::arg("route") = py::none());
+  m.def(
+      "downsample_coords",
+      [](const py::object& coords, const py::object& stride,
+         const std::optional<std::string>& route) {
+        Array c = array_from_capsule(coords, "coords");
+        const Int3 s = to_int3(stride, "stride");
+        const RoutePolicy p = parse_policy("downsample_coords", "coords", route);
+        ops::DownsampleOutput out;
+        {
+          py::gil_scoped_release release;
+          out = ops::downsample_coords(c, s, p);
+        }
+        return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse));
+      },
+      py::arg("coords"), py::arg("stride"), py::arg("route") = py::none());
+  m.def(
+      "morton",
+      [](const py::object& coords, bool order, const std::optional<std::string>& route) {
+        const char* op = order ? "morton_order" : "morton_codes";
+        Array c = array_from_capsule(coords, "coords");
+        const RoutePolicy p = parse_policy(op, "coords", route);
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = order ? ops::morton_order(c, p) : ops::morton_codes(c, p);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("coords"), py::arg("order"), py::arg("route") = py::none());
+  m.def(
+      "explain_coords",
+      [](const std::string& op, const py::object& coords) {
+        return ops::explain_coords(op, array_from_capsule(coords, "coords"));
+      },
+      py::arg("op"), py::arg("coords"));
+  m.def(
+      "explain_lookup",
+      [](const std::string& op, const SetPtr& table, std::int64_t n_queries) {
+        return ops::explain_lookup(op, *table, n_queries);
+      },
+      py::arg("op"), py::arg("table"), py::arg("n_queries"));
+}
+
+}  // namespace lattice::python
