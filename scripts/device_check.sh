@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 } > "$OUT/env.txt" 2>&1
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLATTICE_CUDA=ON \
   -DBLIS_ROOT="$PWD/.deps/blis/usr" -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.txt" 2>&1 &&
-  cmake --build build-device -j "$(nproc)" >> "$OUT/build.txt" 2>&1
+  cmake --build build-device -j "$(nproc)" -- -k 0 >> "$OUT/build.txt" 2>&1
 echo "build rc=$?" >> "$OUT/build.txt"
 export PYTHONPATH=$PWD/python
 python3 -c "import lattice; print(lattice.backend_info()); print(lattice.device_caps())" > "$OUT/info.txt" 2>&1

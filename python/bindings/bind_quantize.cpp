@@ -34,11 +34,12 @@ void bind_quantize(py::module_& m) {
           Array kept = Array::empty({out.kept.dim(0)}, Dtype::u8);
           std::memcpy(kept.raw_data(), out.kept.raw_data(),
                       static_cast<std::size_t>(out.kept.dim(0)));
-          return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
-                                capsule_from_array(out.counts), capsule_from_array(kept));
+          return py::tuple(py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
+                                          capsule_from_array(out.counts), capsule_from_array(kept)));
         }
-        return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
-                              capsule_from_array(out.counts));
+        // One return type for both branches (pybind11 3 types make_tuple by its arity).
+        return py::tuple(py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
+                                        capsule_from_array(out.counts)));
       },
       py::arg("points"), py::arg("voxel_size"), py::arg("origin"), py::arg("batch_indices"),
       py::arg("route"), py::arg("drop_invalid") = false);
