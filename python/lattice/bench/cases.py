@@ -467,6 +467,54 @@ def pool_case(tag: str, workload: str, channels: int) -> Case:
     return Case(name, "pooling", run, workload)
 
 
+# -- sparse algebra and coordinate utilities ---------------------------------------------------------
+
+ALGEBRA_TAGS = ("add_outer", "add_same_key", "mul_inner", "union", "lookup", "morton_order")
+
+
+def algebra_case(tag: str, workload: str, channels: int) -> Case:
+    """Coordinate-aligned algebra and coordinate utilities on a workload ``W`` and its copy shifted by
+    one voxel in x (``W + e_x``: rows overlap where x-neighbours exist). ``op`` = median time of the
+    call (no relation cache is involved, so cold == hot). Bytes (estimate): feature rows read and
+    written, coordinate rows read."""
+    name = f"algebra/{tag}/{workload}/C{channels}"
+
+    def run(ctx: Context) -> dict:
+        dev = ctx.device
+        c = torch.from_numpy(np.array(workloads.coords(workload))).to(dev)
+        shifted = c.clone()
+        shifted[:, 1] += 1
+        a = SparseTensor(c, ctx.randn(c.shape[0], channels, salt=1))
+        b = SparseTensor(shifted, ctx.randn(c.shape[0], channels, salt=2))
+        same = a.replace_feats(ctx.randn(c.shape[0], channels, salt=3))
+        esize = torch.empty(0, dtype=ctx.dtype).element_size()
+        if tag == "add_outer":
+            op, fn, args = "sparse_add", ops.sparse_add, (a, b)
+        elif tag == "add_same_key":
+            op, fn, args = "sparse_add", ops.sparse_add, (a, same)
+        elif tag == "mul_inner":
+            op, fn, args = "sparse_mul", ops.sparse_mul, (a, b)
+        elif tag == "union":
+            op, fn, args = "union_coords", ops.union_coords, (c, shifted)
+        elif tag == "lookup":
+            op, fn, args = "lookup_coords", ops.lookup_coords, (c, shifted)
+        else:
+            op, fn, args = "morton_order", ops.morton_order, (c,)
+        out = fn(*args)
+        n_out = int(out.feats.shape[0] if isinstance(out, SparseTensor) else out.shape[0])
+        n_in = int(sum(x.shape[0] if isinstance(x, torch.Tensor) else len(x) for x in args))
+        res: dict[str, Any] = {"op": op, "c_in": channels, "c_out": channels, "n_in": n_in, "n_out": n_out,
+                               "pairs": n_in, "avg_offsets": 1.0,
+                               "route": lattice.explain(op, *args).chosen}
+        res["timings"] = {"op": ctx.time(lambda _: fn(*args))}
+        res["workload_source"] = workloads.source(workload)
+        feat_bytes = (n_in + n_out) * channels * esize if op.startswith("sparse_") else 0
+        attach_rates(res, ctx, {"op": (None, float(feat_bytes + n_in * 16))})
+        return res
+
+    return Case(name, "algebra", run, workload)
+
+
 # -- networks: MinkUNet42 (BENCHMARKS.md "End-to-end network") ---------------------------------------
 
 
@@ -687,7 +735,7 @@ def _network_workloads(batch: int) -> str:
 
 def _preset_specs(sel: Selection) -> list[tuple]:
     """('conv', tag, workload, C) | ('relations', tag, workload) | ('quantize', points, voxel) |
-    ('pool', tag, workload, C) | ('network', workload, batch)."""
+    ('pool', tag, workload, C) | ('algebra', tag, workload, C) | ('network', workload, batch)."""
     specs: list[tuple] = []
     cuda = sel.device == "cuda"
     kitti_points = "kitti_points" if workloads.kitti_path() is not None else "lidar_points"
@@ -701,6 +749,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         specs += [("relations", t, "grid_20k") for t in ("subm3", "k2s2", "tr_k2s2", "gen_k2s2")]
         specs.append(("quantize", "lidar_small_points", 0.05))
         specs += [("pool", t, "grid_20k", 16) for t in POOL_TAGS]
+        specs += [("algebra", t, "grid_20k", 16) for t in ALGEBRA_TAGS]
         specs.append(("network", "lidar_tiny", 1))  # small: smoke checks the network runs, not its speed
     elif sel.preset == "standard":
         table = anchors.GPU if cuda else anchors.CPU
@@ -712,6 +761,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         specs.append(("quantize", kitti_points, 0.05))
         for wl in dict.fromkeys(wl for wl, _ in rows):
             specs += [("pool", "max_k2s2", wl, 32), ("pool", "global_avg", wl, 32)]
+            specs += [("algebra", t, wl, 32) for t in ("add_outer", "union", "lookup")]
         specs.append(("network", _network_workloads(1), 1))
         if cuda:
             specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
@@ -722,6 +772,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
                 specs += [("conv", t, wl, c) for t in CONV_TAGS]
             specs += [("relations", t, wl) for t in CONV_TAGS if t != "pw"]
             specs += [("pool", t, wl, c) for t in POOL_TAGS for c in chans]
+            specs += [("algebra", t, wl, 32) for t in ALGEBRA_TAGS]
         families = ["grid", "plane", "isolated"] + [f"{f}{s}" for f in ("line", "block") for s in (2, 4, 8)]
         for fam in families:
             for n in ("10k", "100k", "1m"):
@@ -760,6 +811,12 @@ def build_cases(sel: Selection) -> list[Case]:
             for w in _resize(wl, sel.sizes):
                 for ch in (sel.channels or [c]):
                     cs = pool_case(tag, w, ch)
+                    cases.setdefault(cs.name, cs)
+        elif kind == "algebra":
+            _, tag, wl, c = spec
+            for w in _resize(wl, sel.sizes):
+                for ch in (sel.channels or [c]):
+                    cs = algebra_case(tag, w, ch)
                     cases.setdefault(cs.name, cs)
         elif kind == "network":
             cs = network_case(spec[1], spec[2])

@@ -34,7 +34,7 @@ SCHEMA = 1
 
 # The timing shown in the chart for each group (the case's headline number).
 PRIMARY = {"conv": "hot", "relations": "map_cold", "point_voxel": "quantize", "networks": "inference",
-           "pooling": "hot"}
+           "pooling": "hot", "algebra": "op"}
 
 
 # -- environment ------------------------------------------------------------------------------------
@@ -230,6 +230,13 @@ def format_tables(doc: dict, with_layers: bool = False) -> str:
         parts.append("\npooling (ms; routes = forward/input_grad; pairs = edges, rows for global pooling)")
         parts.append(_table(["case", "routes", "N_in", "N_out", "pairs", "avg", "map", "cold", "hot", "hot p95", "dX",
                              "f+b", "GB/s", "%copy"], rows))
+    alg = [r for r in ok if r["group"] == "algebra"]
+    if alg:
+        rows = [[r["name"], str(r.get("route")), _num(r["n_in"]), _num(r["n_out"]), _ms(r["timings"].get("op")),
+                 _ms(r["timings"].get("op"), "p95_ms"), _si(_rate(r, "op", "bytes_per_s"), 1e9),
+                 _pct(_rate(r, "op", "pct_copy_ceiling"))] for r in alg]
+        parts.append("\nsparse algebra / coordinate utilities (ms; W with W shifted by +1 in x; N_in = rows of both)")
+        parts.append(_table(["case", "route", "N_in", "N_out", "ms", "p95", "GB/s", "%copy"], rows))
     nets = [r for r in ok if r["group"] == "networks"]
     if nets:
         rows = [[r["name"], str(r.get("route")), _num(r["n_in"]), _num(r["pairs"]), f"{r['avg_offsets']:.2f}",
