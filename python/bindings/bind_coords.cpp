@@ -1,5 +1,7 @@
 // Coordinate utilities: union / intersection / lookup by value, downsampling, Morton codes.
+#include <array>
 #include <cstring>
+#include <vector>
 
 #include "common.h"
 #include "lattice/core/error.h"
@@ -113,6 +115,81 @@ void bind_coords(py::module_& m) {
         return ops::explain_coords(op, array_from_capsule(coords, "coords"));
       },
       py::arg("op"), py::arg("coords"));
+  m.def(
+      "explain_coords_rows",
+      [](const std::string& op, std::int64_t n_rows) { return ops::explain_coords(op, n_rows); },
+      py::arg("op"), py::arg("n_rows"));
+  // prune / crop: the kept rows (K) int64 of coords (N, 4); mask (N) uint8 (0/1) for prune.
+  m.def(
+      "prune_rows",
+      [](const py::object& coords, const py::object& mask) {
+        Array c = array_from_capsule(coords, "coords");
+        Array k = array_from_capsule(mask, "mask");
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::prune_rows(c, k);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("coords"), py::arg("mask"));
+  m.def(
+      "crop_rows",
+      [](const py::object& coords, const py::object& lo, const py::object& hi) {
+        Array c = array_from_capsule(coords, "coords");
+        const Int3 l = to_int3(lo, "lo"), h = to_int3(hi, "hi");
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::crop_rows(c, l, h);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("coords"), py::arg("lo"), py::arg("hi"));
+  // sparse_collate: (coords (sum N_i, 4) int32, counts list).
+  m.def(
+      "collate_coords",
+      [](const py::list& samples) {
+        std::vector<Array> arrays;
+        for (std::size_t i = 0; i < samples.size(); ++i)
+          arrays.push_back(array_from_capsule(samples[i], "samples"));
+        ops::CollateOutput out;
+        {
+          py::gil_scoped_release release;
+          out = ops::collate_coords(arrays);
+        }
+        return py::make_tuple(capsule_from_array(out.coords), py::cast(out.counts));
+      },
+      py::arg("samples"));
+  m.def(
+      "dense_index",
+      [](const py::object& coords, const py::object& origin, std::array<std::int64_t, 3> size) {
+        Array c = array_from_capsule(coords, "coords");
+        const Int3 o = to_int3(origin, "origin");
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::dense_index(c, o, size);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("coords"), py::arg("origin"), py::arg("size"));
+  // from_dense: (coords (K, 4) int32, flat cells (K) int64, counts list) of a (B, X, Y, Z)
+  // uint8 mask.
+  m.def(
+      "nonzero_sites",
+      [](const py::object& site, const py::object& origin) {
+        Array s = array_from_capsule(site, "dense");
+        const Int3 o = to_int3(origin, "origin");
+        ops::NonzeroOutput out;
+        {
+          py::gil_scoped_release release;
+          out = ops::nonzero_sites(s, o);
+        }
+        return py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.index),
+                              py::cast(out.counts));
+      },
+      py::arg("site"), py::arg("origin"));
   m.def(
       "explain_lookup",
       [](const std::string& op, const SetPtr& table, std::int64_t n_queries) {

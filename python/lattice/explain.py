@@ -19,6 +19,29 @@ _KIND = {
     "generative_conv_transpose3d": lambda kw: "generative",
 }
 
+# Feature ops (lattice.ops.features): torch's dense kernels on the feature matrix, no lattice route.
+FEATURE_OPS = ("relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "linear", "batch_norm",
+               "layer_norm", "rms_norm", "dropout")
+
+
+class FeatureOpExplanation:
+    """``lattice.explain`` of a feature op: it runs no lattice route (``chosen`` is None, ``rows``
+    empty) but torch's dense kernel on the (N, C) feature matrix; rows and coordinate identity are
+    unchanged."""
+
+    __slots__ = ("op",)
+    chosen = None
+    rows = ()
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def __str__(self) -> str:
+        return (f"{self.op}: no lattice route; runs torch's dense kernel on the (N, C) feature matrix, "
+                f"rows and coordinate identity unchanged")
+
+    __repr__ = __str__
+
 
 def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
     """The route decision for ``op`` called with these arguments, without running it.
@@ -27,6 +50,8 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
     ``lattice.ops.subm_conv3d``; ``pass_`` picks "forward", "input_grad" or "weight_grad".
     The result prints as a table: the chosen route and every other route with its verdict and,
     when rejected, the reason. Attributes: ``chosen``, ``rows``, ``problem``, ``caps``.
+    Feature ops (``relu``, ``linear``, ``batch_norm``, ...) give a :class:`FeatureOpExplanation`
+    saying they run torch's dense kernel on the feature matrix (no lattice route).
     """
     if op in _KIND:
         if len(args) < 2:
@@ -46,8 +71,10 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         return _algebra.explain(op, *args, pass_=pass_, **kwargs)
     if op in _coords.EXPLAINED:
         return _coords.explain(op, *args, **kwargs)
+    if op in FEATURE_OPS:
+        return FeatureOpExplanation(op)
     known = ", ".join(sorted([*_KIND, "sparse_quantize", *_point_voxel.EXPLAINED, *_pool.POOL_OPS,
-                              *_algebra.EXPLAINED, *_coords.EXPLAINED]))
+                              *_algebra.EXPLAINED, *_coords.EXPLAINED, *FEATURE_OPS]))
     raise ValueError(f"[explain] op: expected one of {known}, got {op!r}")
 
 

@@ -2,7 +2,9 @@
 // on the problem's device; every array is contiguous row-major.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
 #include "backend/common/coord_hash.h"
 #include "lattice/core/array.h"
@@ -262,5 +264,45 @@ struct MortonArgs {
   const std::int32_t* coords = nullptr;  // (n, cols)
   std::int64_t* codes = nullptr;         // (n) output, or null
   std::int64_t* order = nullptr;         // (n) output permutation, or null
+};
+
+// Row selection of prune (mask -> kept rows) and crop (box lo <= (x, y, z) < hi -> kept rows).
+struct SelectArgs {
+  std::int64_t n = 0;
+  const std::uint8_t* mask = nullptr;    // (n) 0/1 (prune), or null
+  const std::int32_t* coords = nullptr;  // (n, 4) (crop), or null
+  Int3 lo{0, 0, 0};
+  Int3 hi{0, 0, 0};
+};
+// sparse_collate: sample i's (n_i, cols_i) rows (cols 3: x, y, z; 4: batch ignored) -> (sum, 4)
+// rows (i, x, y, z) and the counts n_i.
+struct CollateSample {
+  std::int64_t n = 0;
+  std::int64_t cols = 4;
+  const std::int32_t* coords = nullptr;
+};
+struct CollateResult {
+  Array coords;                      // (sum n_i, 4) int32
+  std::vector<std::int64_t> counts;  // n_i
+};
+// dense: row -> flat cell of a (batch, X, Y, Z) grid, rows validated inside it by the caller.
+struct DenseIndexArgs {
+  std::int64_t n = 0;
+  const std::int32_t* coords = nullptr;  // (n, 4)
+  Int3 origin{0, 0, 0};
+  std::array<std::int64_t, 3> size{0, 0, 0};
+  std::int64_t* index = nullptr;  // (n) output
+};
+// from_dense: the non-zero sites of a (B, X, Y, Z) 0/1 mask in lexicographic order.
+struct NonzeroArgs {
+  std::int64_t batch = 0;
+  std::array<std::int64_t, 3> size{0, 0, 0};
+  const std::uint8_t* site = nullptr;  // (batch * X * Y * Z)
+  Int3 origin{0, 0, 0};
+};
+struct NonzeroResult {
+  Array coords;                      // (K, 4) int32 (b, index + origin)
+  Array index;                       // (K) int64 flat site
+  std::vector<std::int64_t> counts;  // per batch
 };
 }  // namespace lattice::backend

@@ -82,7 +82,10 @@ const AlgebraKernels* find_algebra_kernels(RouteId id) {
 }
 
 const CoordsKernels* find_coords_kernels(RouteId id) {
-  static const CoordsKernels reference{cpu::coords_reference_downsample, cpu::coords_reference_morton};
+  static const CoordsKernels reference{
+      cpu::coords_reference_downsample, cpu::coords_reference_morton,
+      cpu::coords_reference_select, cpu::coords_reference_collate,
+      cpu::coords_reference_dense_index, cpu::coords_reference_nonzero};
   switch (id) {
     case RouteId::coords_reference: return &reference;
     default: return nullptr;

@@ -61,6 +61,10 @@ using MortonFn = void (*)(const MortonArgs&);
 struct CoordsKernels {
   DownsampleFn downsample = nullptr;
   MortonFn morton = nullptr;
+  Array (*select)(const SelectArgs&) = nullptr;                      // prune, crop: kept rows
+  CollateResult (*collate)(const std::vector<CollateSample>&) = nullptr;  // sparse_collate
+  void (*dense_index)(const DenseIndexArgs&) = nullptr;              // dense
+  NonzeroResult (*nonzero)(const NonzeroArgs&) = nullptr;            // from_dense
 };
 // nullptr when the route has no kernels in this build.
 const CoordsKernels* find_coords_kernels(RouteId id);

@@ -2,6 +2,7 @@
 // (alignment / lookup by value), downsampling and Morton codes through the coords routes.
 #include "lattice/ops/coords.h"
 
+#include <limits>
 #include <string>
 
 #include "backend/kernel_table.h"
@@ -13,6 +14,8 @@
 namespace lattice::ops {
 
 namespace {
+
+constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 
 std::int64_t find_in_index(const void* index, const geometry::Coord4& c) {
   return static_cast<const CoordIndex*>(index)->find(c);
@@ -35,18 +38,48 @@ CoordsPass pass_of(std::string_view op) {
   if (op == "downsample_coords") return CoordsPass::downsample;
   if (op == "morton_codes") return CoordsPass::morton_codes;
   if (op == "morton_order") return CoordsPass::morton_order;
+  if (op == "prune") return CoordsPass::prune;
+  if (op == "crop") return CoordsPass::crop;
+  if (op == "sparse_collate") return CoordsPass::collate;
+  if (op == "dense") return CoordsPass::dense;
+  if (op == "from_dense") return CoordsPass::from_dense;
   std::string got = "'";  // appended piecewise: GCC 12 warns falsely on "literal" + std::string
   got.append(op).append("'");
-  throw_value_error("explain", "op", "downsample_coords, morton_codes or morton_order", got);
+  throw_value_error("explain", "op",
+                    "downsample_coords, morton_codes, morton_order, prune, crop, sparse_collate, "
+                    "dense or from_dense",
+                    got);
 }
 
-CoordsProblem coords_problem(std::string_view op, const Array& coords) {
+CoordsProblem coords_problem(std::string_view op, Device device, std::int64_t n_rows) {
   CoordsProblem p;
   p.op = std::string(op);
   p.pass = pass_of(op);
-  p.device = coords.device();
-  p.n_rows = coords.ndim() >= 1 ? coords.dim(0) : 0;
+  p.device = device;
+  p.n_rows = n_rows;
   return p;
+}
+
+CoordsProblem coords_problem(std::string_view op, const Array& coords) {
+  return coords_problem(op, coords.device(), coords.ndim() >= 1 ? coords.dim(0) : 0);
+}
+
+const backend::CoordsKernels& coords_kernels(const CoordsProblem& problem,
+                                             const RoutePolicy& policy) {
+  const Explanation e =
+      explain(problem, backend::device_caps(), effective_policy(policy, "coords"));
+  const backend::CoordsKernels* k = backend::find_coords_kernels(chosen_or_throw(e));
+  LATTICE_ASSERT(k != nullptr, "admitted coords route has no kernels in this build");
+  return *k;
+}
+
+// A (N) / (B, X, Y, Z) bool or uint8 CPU mask.
+void check_mask(std::string_view op, std::string_view arg, const Array& mask,
+                const std::string& shape) {
+  if (!mask.defined()) throw_value_error(op, arg, "a bool array of " + shape, "nothing");
+  if (mask.dtype() != Dtype::boolean && mask.dtype() != Dtype::u8)
+    throw_type_error(op, arg, "a bool array", std::string(to_string(mask.dtype())));
+  if (!mask.device().is_cpu()) throw_value_error(op, arg, "a CPU array", to_string(mask.device()));
 }
 
 const backend::CoordsKernels& coords_kernels(std::string_view op, const Array& coords,
@@ -168,6 +201,118 @@ Array morton_codes(const Array& coords, const RoutePolicy& policy) {
 
 Array morton_order(const Array& coords, const RoutePolicy& policy) {
   return morton("morton_order", coords, true, policy);
+}
+
+Array prune_rows(const Array& coords, const Array& mask, const RoutePolicy& policy) {
+  constexpr std::string_view op = "prune";
+  check_coords(op, "coords", coords, false);
+  const std::int64_t n = coords.dim(0);
+  const std::string shape = "shape (N=" + std::to_string(n) + ",)";
+  check_mask(op, "mask", mask, shape);
+  if (mask.ndim() != 1 || mask.dim(0) != n)
+    throw_value_error(op, "mask", shape, format_shape(mask.shape()));
+  const Array m = mask.contiguous();
+  const backend::CoordsKernels& k = coords_kernels(op, coords, policy);
+  backend::SelectArgs args;
+  args.n = n;
+  args.mask = static_cast<const std::uint8_t*>(m.raw_data());
+  return k.select(args);
+}
+
+Array crop_rows(const Array& coords, Int3 lo, Int3 hi, const RoutePolicy& policy) {
+  constexpr std::string_view op = "crop";
+  check_coords(op, "coords", coords, false);
+  for (int axis = 0; axis < 3; ++axis)
+    if (hi[axis] < lo[axis])
+      throw_value_error(op, "hi", "values >= lo " + to_string(lo) + " on every axis",
+                        to_string(hi));
+  const Array c = coords.contiguous();
+  const backend::CoordsKernels& k = coords_kernels(op, c, policy);
+  backend::SelectArgs args;
+  args.n = c.dim(0);
+  args.coords = c.data<std::int32_t>();
+  args.lo = lo;
+  args.hi = hi;
+  return k.select(args);
+}
+
+CollateOutput collate_coords(const std::vector<Array>& samples, const RoutePolicy& policy) {
+  constexpr std::string_view op = "sparse_collate";
+  if (samples.empty()) throw_value_error(op, "samples", "at least one sample", "an empty sequence");
+  std::vector<Array> held;
+  std::vector<backend::CollateSample> rows;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    check_coords(op, "samples[" + std::to_string(i) + "] coords", samples[i], true);
+    held.push_back(samples[i].contiguous());
+    rows.push_back({held.back().dim(0), held.back().dim(1), held.back().data<std::int32_t>()});
+    total += held.back().dim(0);
+  }
+  const backend::CoordsKernels& k =
+      coords_kernels(coords_problem(op, held.front().device(), total), policy);
+  backend::CollateResult r = k.collate(rows);
+  return {std::move(r.coords), std::move(r.counts)};
+}
+
+Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> size,
+                  const RoutePolicy& policy) {
+  constexpr std::string_view op = "dense";
+  check_coords(op, "coords", coords, false);
+  for (std::int64_t s : size)
+    if (s < 0) throw_value_error(op, "shape", "non-negative sizes", format_shape(size));
+  const Array c = coords.contiguous();
+  const std::int64_t n = c.dim(0);
+  const auto* v = c.data<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (v[4 * i] < 0)
+      throw_value_error(op, "coords", "batch ids >= 0",
+                        std::to_string(v[4 * i]) + " at row " + std::to_string(i));
+    for (int axis = 0; axis < 3; ++axis) {
+      const std::int64_t d = std::int64_t{v[4 * i + 1 + axis]} - origin[axis];
+      if (d < 0 || d >= size[axis])
+        throw_value_error(op, "coords",
+                          "x, y, z within [origin, origin + shape) with origin " +
+                              to_string(origin) + " and shape " + format_shape(size),
+                          "row " + std::to_string(i) + " " +
+                              format_shape(std::array<std::int64_t, 4>{
+                                  v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]}));
+    }
+  }
+  const backend::CoordsKernels& k = coords_kernels(op, c, policy);
+  Array out = Array::empty({n}, Dtype::i64);
+  backend::DenseIndexArgs args;
+  args.n = n;
+  args.coords = v;
+  args.origin = origin;
+  args.size = size;
+  args.index = out.data<std::int64_t>();
+  k.dense_index(args);
+  return out;
+}
+
+NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& policy) {
+  constexpr std::string_view op = "from_dense";
+  check_mask(op, "dense", site, "shape (B, X, Y, Z)");
+  if (site.ndim() != 4)
+    throw_value_error(op, "dense", "shape (B, X, Y, Z)", format_shape(site.shape()));
+  for (int axis = 0; axis < 3; ++axis)
+    if (std::int64_t{origin[axis]} + site.dim(axis + 1) - 1 > std::int64_t{kInt32Max})
+      throw_value_error(op, "origin", "origin + shape within int32", to_string(origin));
+  const Array m = site.contiguous();
+  const std::int64_t cells = m.dim(0) * m.dim(1) * m.dim(2) * m.dim(3);
+  const backend::CoordsKernels& k = coords_kernels(coords_problem(op, m.device(), cells), policy);
+  backend::NonzeroArgs args;
+  args.batch = m.dim(0);
+  args.size = {m.dim(1), m.dim(2), m.dim(3)};
+  args.site = static_cast<const std::uint8_t*>(m.raw_data());
+  args.origin = origin;
+  backend::NonzeroResult r = k.nonzero(args);
+  return {std::move(r.coords), std::move(r.index), std::move(r.counts)};
+}
+
+Explanation explain_coords(std::string_view op, std::int64_t n_rows) {
+  return explain(coords_problem(op, Device{}, n_rows), backend::device_caps(),
+                 effective_policy({}, "coords"));
 }
 
 Explanation explain_coords(std::string_view op, const Array& coords) {

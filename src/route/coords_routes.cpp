@@ -1,5 +1,6 @@
-// The coordinate-utility route table (downsample_coords, morton_codes, morton_order). The row's
-// admit() matches the Constraints comment of src/backend/cpu/coords/reference.cpp.
+// The coordinate-utility route table (downsample_coords, morton_codes, morton_order, prune, crop,
+// sparse_collate, dense, from_dense). The row's admit() matches the Constraints comment of
+// src/backend/cpu/coords/reference.cpp.
 #include "route/route_table.h"
 
 namespace lattice {
@@ -9,6 +10,7 @@ namespace {
 using route_detail::needs_cpu;
 using route_detail::RouteSpec;
 
+// Every pass, any N (shapes, ranges and grids are checked by the semantic layer), CPU only.
 Verdict admit_coords_reference(const CoordsProblem& p, const DeviceCaps&) {
   return needs_cpu(p.device);
 }

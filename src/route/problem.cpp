@@ -156,6 +156,11 @@ std::string_view to_string(CoordsPass pass) {
     case CoordsPass::downsample: return "downsample";
     case CoordsPass::morton_codes: return "morton_codes";
     case CoordsPass::morton_order: return "morton_order";
+    case CoordsPass::prune: return "prune";
+    case CoordsPass::crop: return "crop";
+    case CoordsPass::collate: return "collate";
+    case CoordsPass::dense: return "dense";
+    case CoordsPass::from_dense: return "from_dense";
   }
   return "unknown";
 }

@@ -173,8 +173,9 @@ TEST_F(AlgebraLine, CombineValidatesFeaturesAndGradients) {
             "[downsample_coords] coords: expected int32 coordinates, got int64");
   EXPECT_EQ(message([&] { ops::lookup_coords(lhs.coordinate_set(), Array()); }),
             "[lookup_coords] queries: expected an int32 array of shape (N, 4), got nothing");
-  EXPECT_EQ(message([&] { ops::explain_coords("crop", lhs.coords()); }),
-            "[explain] op: expected downsample_coords, morton_codes or morton_order, got 'crop'");
+  EXPECT_EQ(message([&] { ops::explain_coords("nope", lhs.coords()); }),
+            "[explain] op: expected downsample_coords, morton_codes, morton_order, prune, crop, "
+            "sparse_collate, dense or from_dense, got 'nope'");
 }
 
 TEST(AlgebraRoutes, HashedIsPreferredAndBothAdmitCpu) {
@@ -237,6 +238,74 @@ TEST(AlgebraCoords, MortonCodesInterleaveAndRejectOutOfRange) {
   EXPECT_THROW(ops::morton_codes(coords_of({{0, 1 << 20, 0, 0}})), ValueError);
   EXPECT_EQ(rows_of(ops::morton_order(coords_of({{1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 0, 0}}))),
             (std::vector<std::int64_t>{2, 1, 0}));
+}
+
+// prune / crop / sparse_collate / dense / from_dense row layouts on the coords reference route.
+TEST(CoordsRows, PruneCropCollateDenseNonzeroHandComputed) {
+  const Array c = coords_of({{0, 0, 0, 0}, {0, 1, 0, 0}, {1, 2, 0, 0}, {1, -1, 0, 0}});
+  EXPECT_EQ(rows_of(ops::prune_rows(c, Array::from_vector<std::uint8_t>({1, 0, 0, 1}))),
+            (std::vector<std::int64_t>{0, 3}));
+  EXPECT_EQ(rows_of(ops::crop_rows(c, {0, 0, 0}, {2, 1, 1})), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(ops::crop_rows(c, {0, 0, 0}, {0, 1, 1}).dim(0), 0);
+  const Array xyz = Array::from_vector<std::int32_t>({7, 8, 9}, {1, 3});
+  const ops::CollateOutput col = ops::collate_coords({xyz, c});
+  EXPECT_EQ(col.counts, (std::vector<std::int64_t>{1, 4}));
+  const auto* cc = col.coords.data<std::int32_t>();
+  EXPECT_EQ((std::vector<std::int32_t>(cc, cc + 8)),
+            (std::vector<std::int32_t>{0, 7, 8, 9, 1, 0, 0, 0}));
+  EXPECT_EQ(col.coords.dim(0), 5);
+  EXPECT_EQ(cc[4 * 4], 1);  // a sample's own batch column is replaced by its index
+  // (B=2, X=4, Y=1, Z=1) grid with origin x = -1: flat = (b * 4 + x + 1).
+  EXPECT_EQ(rows_of(ops::dense_index(c, {-1, 0, 0}, {4, 1, 1})),
+            (std::vector<std::int64_t>{1, 2, 7, 4}));
+  const ops::NonzeroOutput nz = ops::nonzero_sites(
+      Array::from_vector<std::uint8_t>({0, 1, 0, 0, 1, 1, 0, 0}, {2, 2, 2, 1}), {5, 0, 0});
+  EXPECT_EQ(rows_of(nz.index), (std::vector<std::int64_t>{1, 4, 5}));
+  EXPECT_EQ(nz.counts, (std::vector<std::int64_t>{1, 2}));
+  const auto* nc = nz.coords.data<std::int32_t>();
+  EXPECT_EQ((std::vector<std::int32_t>(nc, nc + 12)),
+            (std::vector<std::int32_t>{0, 5, 1, 0, 1, 5, 0, 0, 1, 5, 1, 0}));
+  EXPECT_EQ(ops::explain_coords("sparse_collate", 5).chosen, RouteId::coords_reference);
+}
+
+// The validation the Python front end reaches first (same wording) or cannot reach.
+TEST(CoordsRows, ValidationNamesOpAndArgument) {
+  auto message = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Array c = coords_of({{0, 0, 0, 0}, {0, 1, 0, 0}});
+  EXPECT_EQ(message([&] { ops::prune_rows(c, Array::zeros({2}, Dtype::f32)); }),
+            "[prune] mask: expected a bool array, got float32");
+  EXPECT_EQ(message([&] { ops::prune_rows(c, Array::zeros({3}, Dtype::u8)); }),
+            "[prune] mask: expected shape (N=2,), got (3,)");
+  EXPECT_EQ(message([&] { ops::crop_rows(c, {0, 0, 0}, {1, -1, 1}); }),
+            "[crop] hi: expected values >= lo (0, 0, 0) on every axis, got (1, -1, 1)");
+  EXPECT_EQ(message([&] { ops::collate_coords({}); }),
+            "[sparse_collate] samples: expected at least one sample, got an empty sequence");
+  EXPECT_EQ(message([&] { ops::collate_coords({c, Array::zeros({2, 2}, Dtype::i32)}); }),
+            "[sparse_collate] samples[1] coords: expected shape (N, 3) or (N, 4), got (2, 2)");
+  EXPECT_EQ(message([&] { ops::dense_index(c, {0, 0, 0}, {-1, 1, 1}); }),
+            "[dense] shape: expected non-negative sizes, got (-1, 1, 1)");
+  EXPECT_EQ(message([&] { ops::dense_index(coords_of({{-1, 0, 0, 0}}), {0, 0, 0}, {1, 1, 1}); }),
+            "[dense] coords: expected batch ids >= 0, got -1 at row 0");
+  EXPECT_EQ(message([&] { ops::dense_index(c, {0, 0, 0}, {1, 1, 1}); }),
+            "[dense] coords: expected x, y, z within [origin, origin + shape) with origin "
+            "(0, 0, 0) and shape (1, 1, 1), got row 1 (0, 1, 0, 0)");
+  EXPECT_EQ(message([&] { ops::nonzero_sites(Array::zeros({2, 2}, Dtype::u8), {0, 0, 0}); }),
+            "[from_dense] dense: expected shape (B, X, Y, Z), got (2, 2)");
+  EXPECT_EQ(message([&] { ops::nonzero_sites(Array::zeros({1, 1, 1, 1}, Dtype::i32), {0, 0, 0}); }),
+            "[from_dense] dense: expected a bool array, got int32");
+  EXPECT_EQ(message([&] {
+              ops::nonzero_sites(Array::zeros({1, 2, 1, 1}, Dtype::u8), {2147483647, 0, 0});
+            }),
+            "[from_dense] origin: expected origin + shape within int32, got (2147483647, 0, 0)");
+  EXPECT_EQ(message([&] { ops::explain_coords("nope", 1); }).substr(0, 24),
+            "[explain] op: expected d");
 }
 
 }  // namespace

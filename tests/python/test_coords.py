@@ -460,3 +460,50 @@ def test_from_dense_rejects_an_integer_grid():
 def test_from_dense_rejects_an_origin_that_overflows_int32():
     with pytest.raises(ValueError, match=r"^\[from_dense\] origin: expected origin \+ shape within int32"):
         ops.from_dense(torch.ones(1, 1, 2, 1, 1), origin=(2**31 - 1, 0, 0))
+
+
+# ---- routes of prune, crop, sparse_collate, dense, from_dense --------------------------------------
+
+
+def _routed_inputs(rng):
+    c = random_coords(rng, 20)
+    x = lattice.SparseTensor(torch.from_numpy(c), torch.from_numpy(rng.standard_normal((len(c), 2))))
+    samples = [(torch.from_numpy(c[:7, 1:]), torch.ones(7, 2)), (torch.from_numpy(c[7:]), torch.ones(13, 2))]
+    return x, samples
+
+
+def test_explain_prune_crop_collate_dense_name_the_reference_route(rng):
+    x, samples = _routed_inputs(rng)
+    mask = torch.from_numpy(rng.random(len(x)) < 0.5)
+    cases = [("prune", (x, mask)), ("crop", (x, (0, 0, 0), (3, 3, 3))), ("sparse_collate", (samples,)),
+             ("dense", (x,)), ("from_dense", (torch.ones(2, 1, 2, 2, 2),))]
+    for op, args in cases:
+        e = lattice.explain(op, *args)
+        assert e.chosen == "reference", op
+        assert "reference" in str(e), op
+
+
+def test_prune_crop_collate_dense_run_on_a_forced_reference_route(rng, monkeypatch):
+    x, samples = _routed_inputs(rng)
+    monkeypatch.setenv("LATTICE_FORCE_ROUTE", "coords:reference")
+    assert len(ops.prune(x, torch.zeros(len(x), dtype=torch.bool))) == 0
+    assert ops.crop(x, (-100, -100, -100), (100, 100, 100)).key == x.key
+    assert ops.sparse_collate(samples).batch_counts == [7, 13]
+    y = ops.from_dense(ops.dense(x, origin=tuple(int(v) for v in x.coords[:, 1:].min(0).values)),
+                       origin=tuple(int(v) for v in x.coords[:, 1:].min(0).values))
+    assert len(y) == len(x)
+
+
+def test_prune_crop_collate_dense_reject_an_unknown_forced_route(rng, monkeypatch):
+    x, samples = _routed_inputs(rng)
+    monkeypatch.setenv("LATTICE_FORCE_ROUTE", "coords:nope")
+    message = r"^\[LATTICE_FORCE_ROUTE\] route: expected a route name of coords, got 'coords:nope'$"
+    calls = [lambda: ops.prune(x, torch.ones(len(x), dtype=torch.bool)),
+             lambda: ops.crop(x, 0, 3),
+             lambda: ops.sparse_collate(samples),
+             lambda: x.dense(origin=-20),
+             lambda: lattice.SparseTensor.from_dense(torch.ones(1, 1, 2, 2, 2)),
+             lambda: lattice.explain("dense", x)]
+    for call in calls:
+        with pytest.raises(ValueError, match=message):
+            call()

@@ -383,3 +383,14 @@ def test_dropout_rejects_a_probability_outside_0_1(rng):
         ops.dropout(_x(rng), 1.5)
     with pytest.raises(TypeError, match=r"^\[dropout\] p: expected a real number, got bool$"):
         ops.dropout(_x(rng), True)
+
+
+def test_explain_feature_ops_names_torchs_dense_kernel_without_a_route(rng):
+    x = _x(rng)
+    for op in ("relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "linear", "batch_norm",
+               "layer_norm", "rms_norm", "dropout"):
+        e = lattice.explain(op, x)
+        assert e.chosen is None and e.op == op
+        assert str(e) == (f"{op}: no lattice route; runs torch's dense kernel on the (N, C) feature matrix, "
+                          f"rows and coordinate identity unchanged")
+        assert repr(e) == str(e)

@@ -3,9 +3,11 @@
 // (through the coords routes). Coordinates are (N, 4) int32 rows (batch, x, y, z) on the CPU.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "lattice/core/array.h"
 #include "lattice/core/vocab.h"
@@ -45,8 +47,35 @@ Array morton_codes(const Array& coords, const RoutePolicy& policy = {});
 // (N) int64 permutation sorting rows by (batch, Morton code), stable (ties keep input order).
 Array morton_order(const Array& coords, const RoutePolicy& policy = {});
 
-// The route decision of a coordinate utility ("downsample_coords", "morton_codes", "morton_order").
+// Row selection and layout of prune, crop, sparse_collate, dense and from_dense (the features
+// are moved by the caller, e.g. torch index_select on the returned rows).
+// prune: (K) int64 ascending rows of coords (N, 4) where mask (N) bool/uint8 is non-zero.
+Array prune_rows(const Array& coords, const Array& mask, const RoutePolicy& policy = {});
+// crop: (K) int64 ascending rows with lo <= (x, y, z) < hi (hi >= lo per axis).
+Array crop_rows(const Array& coords, Int3 lo, Int3 hi, const RoutePolicy& policy = {});
+struct CollateOutput {
+  Array coords;                      // (sum N_i, 4) int32: (i, x, y, z)
+  std::vector<std::int64_t> counts;  // N_i
+};
+// sparse_collate: samples' coordinates (N_i, 3) or (N_i, 4) (batch column ignored), at least one.
+CollateOutput collate_coords(const std::vector<Array>& samples, const RoutePolicy& policy = {});
+// dense: (N) int64 flat cell of each row in the (B, X, Y, Z) grid with cell (0, 0, 0) at origin;
+// every row must have batch >= 0 and lie in [origin, origin + size).
+Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> size,
+                  const RoutePolicy& policy = {});
+struct NonzeroOutput {
+  Array coords;                      // (K, 4) int32 (b, cell + origin), lexicographic
+  Array index;                       // (K) int64 flat cell
+  std::vector<std::int64_t> counts;  // rows per batch (B entries)
+};
+// from_dense: the non-zero sites of a (B, X, Y, Z) bool/uint8 mask; origin + size within int32.
+NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& policy = {});
+
+// The route decision of a coordinate utility ("downsample_coords", "morton_codes", "morton_order",
+// "prune", "crop", "sparse_collate", "dense", "from_dense").
 Explanation explain_coords(std::string_view op, const Array& coords);
+// The same for `n_rows` CPU rows (sparse_collate: all samples; from_dense: the grid's cells).
+Explanation explain_coords(std::string_view op, std::int64_t n_rows);
 // The route decision of lookup_coords / contains_coords for `n_queries` query rows.
 Explanation explain_lookup(std::string_view op, const CoordinateSet& table, std::int64_t n_queries);
 

@@ -111,10 +111,20 @@ struct AlgebraProblem {
 std::string to_string(const AlgebraProblem& problem);
 
 // Coordinate utilities computed from coordinate values alone.
-enum class CoordsPass { downsample, morton_codes, morton_order };
+enum class CoordsPass {
+  downsample,
+  morton_codes,
+  morton_order,
+  prune,
+  crop,
+  collate,
+  dense,
+  from_dense
+};
 std::string_view to_string(CoordsPass pass);
 struct CoordsProblem {
-  std::string op = "downsample_coords";  // downsample_coords, morton_codes, morton_order
+  std::string op = "downsample_coords";  // downsample_coords, morton_codes, morton_order, prune,
+                                         // crop, sparse_collate, dense, from_dense
   CoordsPass pass = CoordsPass::downsample;
   Device device;
   std::int64_t n_rows = 0;

@@ -5,8 +5,10 @@ arrays are accepted); functions that take coordinates also take a :class:`lattic
 and then use its coordinate set (its cached index is reused). Set operations and lookups go
 through the algebra routes, downsampling and Morton codes through the coords routes (see
 ``lattice.explain``). ``prune``, ``crop``, ``sparse_collate``, ``sparse_from_coordinates``,
-``dense`` and ``from_dense`` are indexing on torch tensors (differentiable in the features by
-torch autograd); they mint a new coordinate identity unless the rows are unchanged.
+``dense`` and ``from_dense`` compute their rows (kept rows, batched coordinates, grid cells,
+non-zero sites) on the coords routes and move the features with torch indexing on those rows
+(differentiable in the features by torch autograd); they mint a new coordinate identity unless
+the rows are unchanged.
 """
 from __future__ import annotations
 
@@ -167,9 +169,14 @@ def prune(x: SparseTensor, mask: Any) -> SparseTensor:
         raise TypeError(f"[{op}] mask: expected a bool tensor of shape (N={len(x)},), got {m.dtype}")
     if tuple(m.shape) != (len(x),):
         raise ValueError(f"[{op}] mask: expected shape (N={len(x)},), got {tuple(m.shape)}")
-    if bool(m.all()):
+    return _kept(x, from_core(core.prune_rows(to_core(x.coords), to_core(m.to(torch.uint8).contiguous()))))
+
+
+def _kept(x: SparseTensor, rows: torch.Tensor) -> SparseTensor:
+    """``x`` itself (same identity) when ``rows`` keeps every row, else those rows."""
+    if rows.shape[0] == len(x):
         return x.replace_feats(x.feats)
-    return _rows_subset(x, m.nonzero().squeeze(1))
+    return _rows_subset(x, rows)
 
 
 def crop(x: SparseTensor, lo: IntOr3, hi: IntOr3) -> SparseTensor:
@@ -185,14 +192,13 @@ def crop(x: SparseTensor, lo: IntOr3, hi: IntOr3) -> SparseTensor:
     hi3 = as_triple(hi, "hi", op)
     if any(h < l for l, h in zip(lo3, hi3)):
         raise ValueError(f"[{op}] hi: expected values >= lo {lo3} on every axis, got {hi3}")
-    xyz = x.coords[:, 1:].long()
-    inside = ((xyz >= torch.tensor(lo3)) & (xyz < torch.tensor(hi3))).all(dim=1)
-    return prune(x, inside)
+    return _kept(x, from_core(core.crop_rows(to_core(x.coords), lo3, hi3)))
 
 
 def _sample(op: str, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coords (N, 3|4) int32 contiguous: the batch column, if any, is ignored; feats (N, C))."""
     if isinstance(sample, SparseTensor):
-        return sample.coords[:, 1:], sample.feats
+        return sample.coords, sample.feats
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         raise TypeError(
             f"[{op}] samples[{i}]: expected a (coords, feats) pair or a lattice.SparseTensor, got {type(sample).__name__}"
@@ -203,7 +209,7 @@ def _sample(op: str, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"[{op}] samples[{i}] feats: expected a float tensor, got {feats.dtype}")
     if feats.dim() != 2 or feats.shape[0] != coords.shape[0]:
         raise ValueError(f"[{op}] samples[{i}] feats: expected shape (N={coords.shape[0]}, C), got {tuple(feats.shape)}")
-    return coords[:, -3:], feats
+    return coords, feats
 
 
 def sparse_collate(samples: Sequence[Any], *, stride: IntOr3 = 1, validate: bool = False) -> SparseTensor:
@@ -227,11 +233,10 @@ def sparse_collate(samples: Sequence[Any], *, stride: IntOr3 = 1, validate: bool
                 raise ValueError(f"[{op}] samples[{i}] feats: expected C={feats[0].shape[1]} columns (those of samples[0]), got {f.shape[1]}")
             if f.dtype != feats[0].dtype:
                 raise TypeError(f"[{op}] samples[{i}] feats: expected {feats[0].dtype} (the dtype of samples[0]), got {f.dtype}")
-        batch = torch.full((c.shape[0], 1), i, dtype=torch.int32)
-        coords.append(torch.cat([batch, c.to(torch.int32)], dim=1))
+        coords.append(to_core(c))
         feats.append(f)
-    counts = [int(c.shape[0]) for c in coords]
-    return SparseTensor(torch.cat(coords), torch.cat(feats), stride, counts, validate=validate)
+    batched, counts = core.collate_coords(coords)
+    return SparseTensor(from_core(batched), torch.cat(feats), stride, counts, validate=validate)
 
 
 def sparse_from_coordinates(coords: Any, feats: Any, *, reduction: str = "mean", stride: IntOr3 = 1,
@@ -309,9 +314,9 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
             f"[{op}] coords: expected x, y, z within [origin, origin + shape) = [{o}, "
             f"{tuple(a + s for a, s in zip(o, size))}), got row {r} {tuple(x.coords[r].tolist())}"
         )
-    grid = x.feats.new_zeros((b, *size, c))
-    grid = grid.index_put((batch, xyz[:, 0], xyz[:, 1], xyz[:, 2]), x.feats)
-    return grid.permute(0, 4, 1, 2, 3)
+    cell = from_core(core.dense_index(to_core(x.coords), o, size))
+    grid = x.feats.new_zeros((b * size[0] * size[1] * size[2], c)).index_put((cell,), x.feats)
+    return grid.view(b, *size, c).permute(0, 4, 1, 2, 3)
 
 
 def from_dense(grid: Any, *, origin: IntOr3 = 0, stride: IntOr3 = 1) -> SparseTensor:
@@ -329,19 +334,26 @@ def from_dense(grid: Any, *, origin: IntOr3 = 0, stride: IntOr3 = 1) -> SparseTe
     o = as_triple(origin, "origin", op)
     last = g.permute(0, 2, 3, 4, 1)  # (B, X, Y, Z, C)
     site = (last != 0).any(dim=-1)
-    idx = site.nonzero()  # (K, 4) lexicographic
     hi = [int(s) - 1 + int(v) for s, v in zip(g.shape[2:], o)]
     if any(v > _INT32_MAX for v in hi):
         raise ValueError(f"[{op}] origin: expected origin + shape within int32, got origin {o} with shape {tuple(g.shape[2:])}")
-    coords = idx.clone()
-    coords[:, 1:] += torch.tensor(o)
-    feats = last[site]
-    counts = torch.bincount(idx[:, 0], minlength=g.shape[0]).tolist()
-    return SparseTensor(coords.to(torch.int32), feats, stride, counts)
+    coords, cell, counts = core.nonzero_sites(to_core(site.to(torch.uint8).contiguous()), o)  # lexicographic
+    feats = last.reshape(site.numel(), g.shape[1]).index_select(0, from_core(cell))
+    return SparseTensor(from_core(coords), feats, stride, counts)
 
 
 EXPLAINED = ("union_coords", "intersection_coords", "lookup_coords", "contains_coords", "downsample_coords",
-             "morton_codes", "morton_order", "sparse_from_coordinates")
+             "morton_codes", "morton_order", "sparse_from_coordinates", "prune", "crop", "sparse_collate", "dense",
+             "from_dense")
+
+
+def _collate_rows(samples: Any) -> int:
+    """Total rows of sparse_collate's samples (validated as sparse_collate does, without features)."""
+    op = "sparse_collate"
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+        raise TypeError(f"[{op}] samples: expected a sequence of samples, got {type(samples).__name__}")
+    return sum(len(s) if isinstance(s, SparseTensor) else int(_sample(op, i, s)[0].shape[0])
+               for i, s in enumerate(samples))
 
 
 def explain(op: str, *args: Any, **kwargs: Any) -> Any:
@@ -353,6 +365,15 @@ def explain(op: str, *args: Any, **kwargs: Any) -> Any:
     if op in ("lookup_coords", "contains_coords"):
         table = _coordinate_set(op, "coords", args[0], 1)
         return core.explain_lookup(op, table, int(coords_tensor(op, "queries", args[1]).shape[0]))
+    if op in ("prune", "crop", "dense"):
+        check_sparse(op, "input", args[0] if args else None)
+        return core.explain_coords(op, to_core(args[0].coords))
+    if op == "sparse_collate":
+        return core.explain_coords_rows(op, _collate_rows(args[0] if args else kwargs.get("samples")))
+    if op == "from_dense":
+        g = as_tensor(args[0] if args else kwargs.get("grid"), "dense", op)
+        cells = int(g.shape[0] * g.shape[2] * g.shape[3] * g.shape[4]) if g.dim() == 5 else 0
+        return core.explain_coords_rows(op, cells)
     widths = (3, 4) if op.startswith("morton") else (4,)
     name = "downsample_coords" if op == "sparse_from_coordinates" else op
     return core.explain_coords(name, to_core(coords_tensor(op, "coords", args[0], widths)))

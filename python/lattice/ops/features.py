@@ -3,8 +3,8 @@ identity (``key``) are unchanged, so relations cached for the input are reused b
 
 They are dense ops on the (N, C) feature matrix — thin wrappers over ``torch.nn.functional``
 (autograd and devices are torch's) that check their input is a SparseTensor. They run no lattice
-route, so ``lattice.explain`` does not list them. float16/bfloat16 features on the CPU are
-computed in float32 and rounded once at the end (torch's CPU kernels do not cover every op in
+route: ``lattice.explain(op)`` says so (torch's dense kernel on the feature matrix).
+float16/bfloat16 features on the CPU are computed in float32 and rounded once at the end (torch's CPU kernels do not cover every op in
 16-bit, and this matches lattice's f32 accumulation rule); elsewhere torch's own kernels run.
 """
 from __future__ import annotations
