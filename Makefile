@@ -13,9 +13,14 @@ DEPS ?= 1
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD_TYPE ?= Release
 
+# Test-only Python packages that Debian does not ship, installed with pip into the build folder
+# (never into the system Python): mlx, for the bit-exact cross-check of packed weights.
+PYDEPS := $(CURDIR)/$(BUILD)/pydeps
+MLX_PIN := mlx[cpu]==0.32.4
+
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
-.PHONY: all deps configure build demo test test-cpp test-python bench clean format
+.PHONY: all deps pydeps configure build demo test test-cpp test-python bench clean format
 
 all: build
 
@@ -39,8 +44,12 @@ demo: build
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test-python: build
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/oracle tests/python
+pydeps:
+	@test -d $(PYDEPS)/mlx || $(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+	  --target $(PYDEPS) "$(MLX_PIN)" || echo "pydeps: could not install $(MLX_PIN); the MLX cross-check tests will skip"
+
+test-python: build pydeps
+	PYTHONPATH=$(CURDIR)/python:$(PYDEPS) $(PYTHON) -m pytest -q -p no:cacheprovider tests/oracle tests/python
 
 test: test-cpp test-python
 

@@ -15,3 +15,5 @@ __version__ = "0.1.0"
 
 __all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps", "get_num_threads", "set_num_threads", "UnsupportedError", "__version__"]
 __all__ += ["io"]
+from .quantize import QuantizedWeight, dequantize_weight, quantize_weight  # packed int4/int8 weights (issue 7)
+__all__ += ["QuantizedWeight", "quantize_weight", "dequantize_weight"]
