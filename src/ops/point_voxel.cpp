@@ -146,16 +146,13 @@ PointGrouping group_points(const Array& points, const QuantizeOptions& options,
   return g;
 }
 
-VoxelizeForward voxelize_forward(const PointGrouping& g, const Array& feats,
-                                 PointReduction reduction, const RoutePolicy& policy) {
-  const std::int64_t c = check_feats(kVoxelize, "feats", feats, g.n_points(), "P");
-  const Array x = feats.contiguous();
-  const auto& k = choose(voxelize_problem(g, x, reduction, PointVoxelPass::forward), policy);
-  VoxelizeForward out;
-  out.feats = Array::empty({g.n_voxels(), c}, x.dtype());
-  if (reduction == PointReduction::max) out.argmax = Array::empty({g.n_voxels(), c}, Dtype::i64);
+namespace {
+
+// The point -> voxel grouping part of VoxelizeArgs, shared by the forward and backward passes.
+backend::VoxelizeArgs grouping_args(const PointGrouping& g, Dtype dtype, PointReduction reduction,
+                                    std::int64_t c) {
   backend::VoxelizeArgs a;
-  a.dtype = x.dtype();
+  a.dtype = dtype;
   a.reduction = reduction;
   a.n_points = g.n_points();
   a.n_voxels = g.n_voxels();
@@ -164,6 +161,20 @@ VoxelizeForward voxelize_forward(const PointGrouping& g, const Array& feats,
   a.counts = g.counts.data<std::int64_t>();
   a.voxel_ptr = g.voxel_ptr.data<std::int64_t>();
   a.point_idx = g.point_idx.data<std::int64_t>();
+  return a;
+}
+
+}  // namespace
+
+VoxelizeForward voxelize_forward(const PointGrouping& g, const Array& feats,
+                                 PointReduction reduction, const RoutePolicy& policy) {
+  const std::int64_t c = check_feats(kVoxelize, "feats", feats, g.n_points(), "P");
+  const Array x = feats.contiguous();
+  const auto& k = choose(voxelize_problem(g, x, reduction, PointVoxelPass::forward), policy);
+  VoxelizeForward out;
+  out.feats = Array::empty({g.n_voxels(), c}, x.dtype());
+  if (reduction == PointReduction::max) out.argmax = Array::empty({g.n_voxels(), c}, Dtype::i64);
+  backend::VoxelizeArgs a = grouping_args(g, x.dtype(), reduction, c);
   a.feats = x.raw_data();
   a.out = out.feats.raw_data();
   a.argmax = out.argmax.defined() ? out.argmax.data<std::int64_t>() : nullptr;
@@ -187,16 +198,7 @@ Array voxelize_backward(const PointGrouping& g, const Array& grad_out, const Arr
   const Array arg = argmax.defined() ? argmax.contiguous() : Array();
   const auto& k = choose(voxelize_problem(g, dy, reduction, PointVoxelPass::backward), policy);
   Array dx = Array::empty({g.n_points(), c}, dy.dtype());
-  backend::VoxelizeArgs a;
-  a.dtype = dy.dtype();
-  a.reduction = reduction;
-  a.n_points = g.n_points();
-  a.n_voxels = g.n_voxels();
-  a.channels = c;
-  a.inverse = g.inverse.data<std::int64_t>();
-  a.counts = g.counts.data<std::int64_t>();
-  a.voxel_ptr = g.voxel_ptr.data<std::int64_t>();
-  a.point_idx = g.point_idx.data<std::int64_t>();
+  backend::VoxelizeArgs a = grouping_args(g, dy.dtype(), reduction, c);
   a.dy = dy.raw_data();
   a.argmax = arg.defined() ? arg.data<std::int64_t>() : nullptr;
   a.dfeats = dx.raw_data();
