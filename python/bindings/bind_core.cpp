@@ -1,5 +1,6 @@
 // Core objects: coordinate sets (identity + relation cache), diagnostics.
 #include "common.h"
+#include "lattice/core/stream.h"
 #include "lattice/core/threads.h"
 #include "lattice/ops/diagnostics.h"
 #include "lattice/tensor/coordinate_set.h"
@@ -57,6 +58,12 @@ void bind_core(py::module_& m) {
       .def("gemm_map", [](const Relation& r) { return capsule_from_array(r.gemm_map()); })
       .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); });
 
+  m.def("set_current_stream", [](int device_index, std::uintptr_t stream) {
+    set_current_stream(Device::cuda(device_index), stream);
+  }, py::arg("device_index"), py::arg("stream"),
+        "Sets this thread's stream for CUDA work on a device (a cudaStream_t as an integer).");
+  m.def("current_stream", [](int device_index) { return current_stream(Device::cuda(device_index)); },
+        py::arg("device_index"));
   m.def("backend_info", &backend_info);
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"));

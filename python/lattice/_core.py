@@ -45,8 +45,17 @@ UnsupportedError = core.UnsupportedError
 
 
 def to_core(t: torch.Tensor) -> Any:
-    """A DLPack capsule viewing ``t`` (no copy). Autograd history is dropped, data is shared."""
-    return torch.utils.dlpack.to_dlpack(t.detach())
+    """A DLPack capsule viewing ``t`` (no copy). Autograd history is dropped, data is shared.
+
+    CUDA tensors: lattice's work runs on torch's current stream of the tensor's device (set here,
+    before the core sees the tensor), and CUDA kernels take contiguous rows, so a strided CUDA
+    tensor is made contiguous on that stream first."""
+    t = t.detach()
+    if t.is_cuda:
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        core.set_current_stream(index, torch.cuda.current_stream(index).cuda_stream)
+        t = t.contiguous()
+    return torch.utils.dlpack.to_dlpack(t)
 
 
 def from_core(capsule: Any) -> torch.Tensor:

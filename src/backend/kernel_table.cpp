@@ -13,9 +13,19 @@
 
 #if LATTICE_HAS_CUDA
 #include "backend/cuda/runtime/caps.h"
+#include "backend/cuda/runtime/memory.h"
 #endif
 
 namespace lattice::backend {
+
+#if LATTICE_HAS_CUDA
+namespace {
+// Arrays on cuda devices allocate through the CUDA backend's stream-ordered allocator; this
+// translation unit is linked into every program that runs an op, so registering here at load
+// time covers every path (no driver call happens until the first allocation).
+const bool kCudaAllocatorRegistered = (cuda::register_cuda_allocator(), true);
+}  // namespace
+#endif
 
 const ConvKernels* find_conv_kernels(RouteId id) {
   static const ConvKernels reference{cpu::conv_reference_forward, cpu::conv_reference_input_grad,

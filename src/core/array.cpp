@@ -265,9 +265,40 @@ Array Array::contiguous() const {
   return clone();
 }
 
+namespace {
+DeviceAllocator copy_capable_allocator(Device a, Device b) {
+  DeviceAllocator alloc;
+  {
+    std::lock_guard lock(allocator_mutex());
+    alloc = cuda_allocator();
+  }
+  if (!alloc.copy)
+    throw UnsupportedError("[Array] device: expected cpu, got " + to_string(a.is_cpu() ? b : a) +
+                           " (lattice was built without CUDA)");
+  return alloc;
+}
+}  // namespace
+
+Array Array::to(Device device) const {
+  if (device == device_) return device.is_cpu() ? contiguous() : clone();
+  Array src = device_.is_cpu() ? contiguous() : *this;
+  if (!src.is_contiguous())
+    throw UnsupportedError("[Array] to: expected a contiguous " + to_string(device_) + " array, got strides " +
+                           format_shape(strides_));
+  Array out = empty(shape_, dtype_, device);
+  if (out.nbytes()) copy_capable_allocator(device, device_).copy(out.raw_data(), device, src.raw_data(), device_, out.nbytes());
+  return out;
+}
+
 Array Array::clone() const {
-  if (!device_.is_cpu())
-    throw UnsupportedError("[Array] clone: expected a cpu array, got " + to_string(device_));
+  if (!device_.is_cpu()) {
+    if (!is_contiguous())
+      throw UnsupportedError("[Array] clone: expected a contiguous " + to_string(device_) + " array, got strides " +
+                             format_shape(strides_));
+    Array out = empty(shape_, dtype_, device_);
+    if (out.nbytes()) copy_capable_allocator(device_, device_).copy(out.raw_data(), device_, raw_data(), device_, out.nbytes());
+    return out;
+  }
   Array out = empty(shape_, dtype_, device_);
   const std::size_t es = size_of(dtype_);
   const std::int64_t n = numel();

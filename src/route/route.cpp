@@ -20,6 +20,13 @@ std::string_view to_string(RouteId id) {
     case RouteId::algebra_reference: return "reference";
     case RouteId::algebra_hashed: return "hashed";
     case RouteId::coords_reference: return "reference";
+    case RouteId::conv_cuda_gather_gemm_scatter: return "cuda_gather_gemm_scatter";
+    case RouteId::conv_implicit_gemm_sm80: return "implicit_gemm_sm80";
+    case RouteId::quantize_cuda: return "cuda";
+    case RouteId::point_voxel_cuda: return "cuda";
+    case RouteId::pool_cuda_csr_reduce: return "cuda_csr_reduce";
+    case RouteId::algebra_cuda_hashed: return "cuda_hashed";
+    case RouteId::coords_cuda: return "cuda";
   }
   return "unknown";
 }
@@ -28,16 +35,23 @@ std::string_view op_family(RouteId id) {
   switch (id) {
     case RouteId::conv_reference:
     case RouteId::conv_pointwise_matmul:
-    case RouteId::conv_gather_gemm_scatter: return "conv";
-    case RouteId::quantize_reference: return "quantize";
+    case RouteId::conv_gather_gemm_scatter:
+    case RouteId::conv_cuda_gather_gemm_scatter:
+    case RouteId::conv_implicit_gemm_sm80: return "conv";
+    case RouteId::quantize_reference:
+    case RouteId::quantize_cuda: return "quantize";
     case RouteId::point_voxel_reference:
-    case RouteId::point_voxel_parallel: return "point_voxel";
+    case RouteId::point_voxel_parallel:
+    case RouteId::point_voxel_cuda: return "point_voxel";
     case RouteId::pool_reference:
     case RouteId::pool_csr_reduce:
-    case RouteId::pool_input_exclusive: return "pool";
+    case RouteId::pool_input_exclusive:
+    case RouteId::pool_cuda_csr_reduce: return "pool";
     case RouteId::algebra_reference:
-    case RouteId::algebra_hashed: return "algebra";
-    case RouteId::coords_reference: return "coords";
+    case RouteId::algebra_hashed:
+    case RouteId::algebra_cuda_hashed: return "algebra";
+    case RouteId::coords_reference:
+    case RouteId::coords_cuda: return "coords";
   }
   return "unknown";
 }
@@ -47,7 +61,10 @@ std::optional<RouteId> route_from_string(std::string_view family, std::string_vi
                      RouteId::conv_gather_gemm_scatter, RouteId::quantize_reference,
                      RouteId::point_voxel_reference, RouteId::point_voxel_parallel,
                      RouteId::pool_reference, RouteId::pool_csr_reduce, RouteId::pool_input_exclusive,
-                     RouteId::algebra_reference, RouteId::algebra_hashed, RouteId::coords_reference}) {
+                     RouteId::algebra_reference, RouteId::algebra_hashed, RouteId::coords_reference,
+                     RouteId::conv_cuda_gather_gemm_scatter, RouteId::conv_implicit_gemm_sm80,
+                     RouteId::quantize_cuda, RouteId::point_voxel_cuda, RouteId::pool_cuda_csr_reduce,
+                     RouteId::algebra_cuda_hashed, RouteId::coords_cuda}) {
     if (op_family(id) == family && to_string(id) == name) return id;
   }
   return std::nullopt;

@@ -22,6 +22,17 @@ inline Verdict needs_cpu(const Device& device) {
   return Verdict::ok();
 }
 
+// A CUDA device with at least `tier` in this build (caps.cuda reports why not otherwise).
+inline Verdict needs_cuda(const Device& device, const DeviceCaps& caps, GpuTier tier = GpuTier::classic) {
+  if (!device.is_cuda()) return Verdict::no("runs on cuda; the data is on " + to_string(device));
+  if (!caps.cuda.built) return Verdict::no("needs the CUDA backend; " + caps.cuda.status);
+  if (caps.cuda.device_count == 0) return Verdict::no("needs a CUDA device; " + caps.cuda.status);
+  if (static_cast<int>(caps.cuda.tier) < static_cast<int>(tier))
+    return Verdict::no("needs GPU tier " + std::string(to_string(tier)) + " or above, device has " +
+                       std::string(to_string(caps.cuda.tier)) + " (sm_" + std::to_string(caps.cuda.sm) + ")");
+  return Verdict::ok();
+}
+
 inline Verdict needs_float(Dtype dtype) {
   if (!is_floating(dtype))
     return Verdict::no("needs a float dtype, got " + std::string(to_string(dtype)));

@@ -181,13 +181,14 @@ def cuda_conditional_violations(root: Path) -> list[str]:
 
 
 def route_files(root: Path) -> list[Path]:
-    """Route implementations: sources in the op folders of src/backend/cpu and src/backend/cuda."""
+    """Route implementations: sources in the op folders of src/backend/cpu and src/backend/cuda
+    (runtime/ and common/ hold shared support code, not routes)."""
     files = []
     for backend in ("cpu", "cuda"):
         base = root / "src" / "backend" / backend
         if not base.is_dir():
             continue
-        for op_dir in sorted(d for d in base.iterdir() if d.is_dir() and d.name != "runtime"):
+        for op_dir in sorted(d for d in base.iterdir() if d.is_dir() and d.name not in ("runtime", "common")):
             files += sorted(p for p in op_dir.rglob("*") if p.suffix in {".cpp", ".cc", ".cu"})
     return files
 

@@ -45,6 +45,9 @@ struct DeviceAllocator {
   std::function<void*(std::size_t nbytes, int device_index)> allocate;
   std::function<void(void* ptr, int device_index)> release;
   std::function<void(void* ptr, std::size_t nbytes, int device_index)> zero;
+  // Contiguous byte copy between host and device or within the device, ordered on the current
+  // stream of the device involved; a copy to the host returns when the bytes have arrived.
+  std::function<void(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes)> copy;
 };
 void register_device_allocator(DeviceType type, DeviceAllocator allocator);
 bool has_device_allocator(DeviceType type);
@@ -85,10 +88,14 @@ class Array {
     return static_cast<T*>(raw_data());
   }
 
-  // Same contents, contiguous row-major (returns *this when already contiguous). CPU only.
+  // Same contents, contiguous row-major (returns *this when already contiguous). A strided CUDA
+  // array raises UnsupportedError (the Python layer passes contiguous CUDA tensors).
   Array contiguous() const;
-  // Deep copy, contiguous. CPU only.
+  // Deep copy, contiguous (CUDA: of a contiguous array).
   Array clone() const;
+  // Contiguous copy on `device` (returns *this when already there and contiguous). Copies to
+  // the host wait for the device stream.
+  Array to(Device device) const;
   // New shape with equal numel: the same storage when contiguous, else a contiguous copy.
   Array reshape(Shape shape) const;
 

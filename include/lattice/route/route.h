@@ -27,6 +27,14 @@ enum class RouteId {
   algebra_reference,         // src/backend/cpu/algebra/reference.cpp
   algebra_hashed,            // src/backend/cpu/algebra/hashed.cpp
   coords_reference,          // src/backend/cpu/coords/reference.cpp
+  // CUDA routes (src/backend/cuda/<family>/...).
+  conv_cuda_gather_gemm_scatter,  // src/backend/cuda/conv/gather_gemm_scatter.cu
+  conv_implicit_gemm_sm80,        // src/backend/cuda/conv/implicit_gemm_sm80.cu
+  quantize_cuda,                  // src/backend/cuda/point_voxel/quantize.cu (sparse_quantize)
+  point_voxel_cuda,               // src/backend/cuda/point_voxel/point_voxel.cu
+  pool_cuda_csr_reduce,           // src/backend/cuda/pool/csr_reduce.cu
+  algebra_cuda_hashed,            // src/backend/cuda/algebra/hashed.cu
+  coords_cuda,                    // src/backend/cuda/coords/utilities.cu
 };
 // Public route names drop the op prefix: "reference", "pointwise_matmul", ...
 std::string_view to_string(RouteId id);
