@@ -70,11 +70,14 @@ void bind_coords(py::module_& m) {
         }
         if (as_bool) {
           // DLPack's bool code is newer than some consumers (torch 1.13): cross as uint8 (0/1), the
-          // Python side views it as bool.
-          Array bytes = Array::empty({out.dim(0)}, Dtype::u8);
-          if (out.dim(0) > 0)
-            std::memcpy(bytes.raw_data(), out.raw_data(), static_cast<std::size_t>(out.dim(0)));
-          out = bytes;
+          // Python side views it as bool. A device result is copied through the host (memcpy on
+          // device memory segfaults) and goes back to its device.
+          const Device device = out.device();
+          const Array host = device.is_cpu() ? out : out.to(Device::cpu());
+          Array bytes = Array::empty({host.dim(0)}, Dtype::u8);
+          if (host.dim(0) > 0)
+            std::memcpy(bytes.raw_data(), host.raw_data(), static_cast<std::size_t>(host.dim(0)));
+          out = device.is_cpu() ? bytes : bytes.to(device);
         }
         return capsule_from_array(out);
       },

@@ -26,6 +26,7 @@ Int3 to_int3(const py::object& v, const char* what);
 void bind_core(py::module_& m);
 void bind_conv(py::module_& m);
 void bind_quantize(py::module_& m);
+void bind_quantized(py::module_& m);
 void bind_io(py::module_& m);
 void bind_point_voxel(py::module_& m);
 void bind_pool(py::module_& m);

@@ -89,6 +89,7 @@ PYBIND11_MODULE(_lattice, m) {
   python::bind_core(m);
   python::bind_conv(m);
   python::bind_quantize(m);
+  python::bind_quantized(m);
   python::bind_io(m);
   python::bind_point_voxel(m);
   python::bind_pool(m);

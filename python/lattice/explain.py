@@ -11,6 +11,7 @@ from .ops import point_voxel as _point_voxel
 from .ops import pool as _pool
 from .ops import algebra as _algebra
 from .ops import coords as _coords
+from .ops import quantized as _quantized
 
 _KIND = {
     "conv3d": lambda kw: "target" if kw.get("coordinates") is not None else "forward",
@@ -59,8 +60,14 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         x, weight = args[0], args[1]  # a positional bias (args[2]) does not change the decision
         kw = dict(kwargs)
         kw.pop("bias", None)
+        if _quantized.is_quantized(weight):  # packed weight: the "quantized" route table (forward only)
+            route = kw.pop("route", None)
+            p = _conv.plan(op, _KIND[op](kw), x, weight, **kw)
+            return _quantized.explain_conv(p, x.feats, weight, route)
         p = _conv.plan(op, _KIND[op](kw), x, weight, **kw)
         return core.explain_conv(p, to_core(x.feats), to_core(weight), pass_)
+    if op == "linear" and len(args) >= 2 and _quantized.is_quantized(args[1]):
+        return _quantized.explain_linear(args[0].feats, args[1], kwargs.get("route"))
     if op == "sparse_quantize":
         return core.explain_quantize(to_core(as_tensor(args[0], "points", op)))
     if op in _point_voxel.EXPLAINED:

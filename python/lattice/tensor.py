@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ._core import as_tensor, as_triple, core, from_core, to_core
+from ._device import DeviceLike, as_device, check_device, same_device
 
 Stride = Union[int, Sequence[int]]
 
@@ -82,6 +83,8 @@ class SparseTensor:
             c = c.contiguous()
             s = as_triple(stride, "stride", op)
             counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
+            # features live on the device of the coordinates; checked before the core sees either
+            check_device(op, "feats", as_tensor(feats, "feats", op), c.device)
             self._cs = core.CoordinateSet.create(to_core(c), s, counts, validate)
             self._coords = c
         f = as_tensor(feats, "feats", op)
@@ -89,8 +92,7 @@ class SparseTensor:
             raise TypeError(f"[{op}] feats: expected a float tensor (float16, bfloat16, float32, float64), got {f.dtype}")
         if f.dim() != 2 or f.shape[0] != self._cs.size:
             raise ValueError(f"[{op}] feats: expected shape (N={self._cs.size}, C), got {tuple(f.shape)}")
-        if f.device != self._coords.device:
-            raise ValueError(f"[{op}] feats: expected the device of coords ({self._coords.device}), got {f.device}")
+        check_device(op, "feats", f, self._coords.device)
         self._feats = f
 
     # -- construction helpers -------------------------------------------------------------------
@@ -155,9 +157,43 @@ class SparseTensor:
         self._cs.validate("SparseTensor")
         return self
 
-    def to(self, dtype: torch.dtype) -> "SparseTensor":
-        """Features cast to ``dtype`` (same coordinates and identity)."""
-        return self.replace_feats(self._feats.to(dtype))
+    def to(self, *args: Any, dtype: Optional[torch.dtype] = None, device: Optional[DeviceLike] = None,
+           non_blocking: bool = False) -> "SparseTensor":
+        """``x.to(dtype)``, ``x.to(device)``, ``x.to(device, dtype)`` (positional or keyword).
+
+        A dtype change casts the features and keeps the coordinates and identity. A device change
+        copies coordinates and features to that device: the result is a new coordinate identity
+        (relations are cached per device and are rebuilt there on first use); the features keep
+        their autograd history (``torch.Tensor.to``). Same device and dtype returns an equal tensor
+        with the same identity.
+        """
+        op = "SparseTensor.to"
+        for a in args:
+            if isinstance(a, torch.dtype):
+                if dtype is not None:
+                    raise TypeError(f"[{op}] dtype: expected one dtype, got {dtype} and {a}")
+                dtype = a
+            elif isinstance(a, (str, int, torch.device)) and not isinstance(a, bool):
+                if device is not None:
+                    raise TypeError(f"[{op}] device: expected one device, got {device!r} and {a!r}")
+                device = a
+            else:
+                raise TypeError(f"[{op}] args: expected a torch.dtype and/or a device, got {type(a).__name__}")
+        feats = self._feats if dtype is None else self._feats.to(dtype)
+        if device is None or same_device(as_device(device, op), self._coords.device):
+            return self.replace_feats(feats)
+        d = as_device(device, op)
+        return SparseTensor(self._coords.to(d, non_blocking=non_blocking), feats.to(d, non_blocking=non_blocking),
+                            self.stride, self.batch_counts)
+
+    def cuda(self, device: Optional[DeviceLike] = None, non_blocking: bool = False) -> "SparseTensor":
+        """This tensor on a CUDA device (default: the current one); see :meth:`to`."""
+        return self.to(device=torch.device("cuda") if device is None else as_device(device, "SparseTensor.cuda"),
+                       non_blocking=non_blocking)
+
+    def cpu(self) -> "SparseTensor":
+        """This tensor on the CPU; see :meth:`to`."""
+        return self.to(device="cpu")
 
     def detach(self) -> "SparseTensor":
         return self.replace_feats(self._feats.detach())

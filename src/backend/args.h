@@ -39,6 +39,9 @@ struct RelationView {
   const std::int64_t* in_ptr = nullptr;
   const std::int32_t* kt_in = nullptr;
   const std::int32_t* kt_out = nullptr;
+  // The N_out x K implicit-GEMM map (int32 (n_out, K), input row or -1), or null: CUDA routes
+  // that read it build it on the device when null.
+  const std::int32_t* gemm_map = nullptr;
 };
 
 // One convolution pass. Weight is always the canonical (K, C_in, C_out) layout, same dtype as
@@ -55,6 +58,47 @@ struct ConvArgs {
   const void* dy = nullptr;    // (n_out, C_out)      input_grad, weight_grad
   void* dx = nullptr;          // (n_in, C_in)        input_grad output
   void* dw = nullptr;          // (K, C_in, C_out)    weight_grad output
+  void* dbias = nullptr;       // (C_out)             bias_grad output (column sums of dy)
+  Device device = Device::cpu();  // where every array above lives (CUDA: the stream's device)
+  bool allow_tf32 = false;        // f32 may use tf32 tensor cores (ConvProblem::allow_tf32)
+};
+
+// ---- packed affine int4/int8 weights (SEMANTICS.md "Packed affine quantization") -------------
+// A packed weight: codes q (bits each, 32/bits per uint32 word, LSB first) with one scale and bias
+// per group of group_size consecutive input channels; value = scale*q + bias computed in f32,
+// rounded to the scale dtype (the weight dequantize_weight() returns) and then to the activation
+// dtype. Storage (C_in_st = C_in zero-padded to a multiple of group_size, W = C_in_st*bits/32):
+//   by_output == false (convolutions): packed (K, W, C_out), scales/biases (K, C_in_st/G, C_out)
+//   by_output == true  (linear, K = 1): packed (C_out, W),   scales/biases (C_out, C_in_st/G)
+struct QuantizedWeightArgs {
+  const std::uint32_t* packed = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  Dtype scale_dtype = Dtype::f32;  // f16, bf16 or f32
+  int bits = 4;                    // 4 or 8
+  int group_size = 64;             // 32, 64 or 128
+  bool by_output = false;
+  std::int64_t kernel_volume = 1;
+  std::int64_t c_in = 0;          // logical input channels (<= c_in_storage)
+  std::int64_t c_in_storage = 0;  // C_in_st
+  std::int64_t c_out = 0;
+};
+// dequant_reference: the whole weight, out (K, C_in, C_out) of `dtype` (logical C_in rows).
+struct DequantizeArgs {
+  QuantizedWeightArgs w;
+  Dtype dtype = Dtype::f32;
+  void* out = nullptr;
+};
+// A fused forward: y (n_out, C_out) = bias + sum over edges (i, o, k) of x[i] @ W[k], with rel
+// identity (K == 1, n_in == n_out, no edge lists read) for linear and 1x1x1 identity relations,
+// else the per-offset grouping (k_ptr, k_in, k_out) and out_ptr. x, bias, y of `dtype`.
+struct QuantizedConvArgs {
+  Dtype dtype = Dtype::f32;
+  RelationView rel;
+  QuantizedWeightArgs w;
+  const void* x = nullptr;     // (n_in, C_in)
+  const void* bias = nullptr;  // (C_out) or null
+  void* y = nullptr;           // (n_out, C_out) output, fully overwritten
 };
 
 // Point quantization: coords = floor((p - origin) / voxel) with the batch id, unique rows in
@@ -67,6 +111,7 @@ struct QuantizeArgs {
   double voxel_size[3] = {1, 1, 1};
   double origin[3] = {0, 0, 0};
   bool drop_invalid = false;  // skip NaN/inf points (and report them in `kept`) instead of failing
+  Device device{};            // where points / batch live (outputs are allocated there)
 };
 
 // What a quantize route returns (outputs are sized by the data, so the route allocates them).
@@ -102,6 +147,7 @@ struct VoxelizeArgs {
                                             //         (forward output, backward input)
   const void* dy = nullptr;                 // (M, C)  backward
   void* dfeats = nullptr;                   // (P, C)  backward output
+  Device device{};                          // where every pointer lives
 };
 
 // devoxelize: out[p] = sum_k weights[p, k] * voxel_feats[indices[p, k]] over k with index >= 0
@@ -122,6 +168,7 @@ struct DevoxelizeArgs {
   void* out = nullptr;                      // (P, C)  forward output
   const void* dy = nullptr;                 // (P, C)  backward
   void* dvoxel = nullptr;                   // (M, C)  backward output
+  Device device{};                          // where every pointer lives
 };
 
 // Row of voxel (b, x, y, z) in the voxel set, or -1: a view of the set's coordinate index
@@ -146,6 +193,11 @@ struct PointVoxelMapArgs {
   PointVoxelMode mode = PointVoxelMode::nearest;
   bool normalize = true;
   VoxelLookup lookup;
+  Device device{};                        // where points / batch live (outputs are allocated there)
+  const std::int32_t* voxel_coords = nullptr;  // (M, 4) the voxel rows: device routes look them
+                                               // up in a device table instead of `lookup`:
+  const std::int32_t* voxel_slots = nullptr;   // the cached DeviceCoordTable of the voxels
+  std::uint64_t voxel_mask = 0;                // (null: the route builds one and checks rows)
 };
 
 struct PointVoxelMapResult {
@@ -154,6 +206,10 @@ struct PointVoxelMapResult {
   Array voxel_ptr;  // (M+1) int64
   Array entries;    // (E) int64, p*8 + k, ascending within each voxel
   std::int64_t first_invalid = -1;  // first point with NaN/inf (nothing else filled when >= 0)
+  // Device routes only: the first voxel row repeating an earlier one (and that row), -1 when the
+  // voxel rows are unique (nothing else filled when >= 0).
+  std::int64_t duplicate_row = -1;
+  std::int64_t duplicate_first = -1;
 };
 
 // ---- pooling (SEMANTICS.md "Pooling") ----------------------------------------------------------
@@ -179,6 +235,7 @@ struct PoolArgs {
                                           //             (forward output, input_grad input)
   const void* dy = nullptr;               // (n_out, C)  input_grad
   void* dx = nullptr;                     // (n_in, C)   input_grad output
+  Device device{};                        // where every pointer lives
 };
 
 // ---- sparse algebra (SEMANTICS.md "Sparse algebra and coordinate utilities") -------------------
@@ -202,6 +259,8 @@ struct AlignArgs {
   const std::int32_t* rhs = nullptr;  // (n_rhs, 4)
   CoordFinder lhs_index;              // over lhs (for routes that probe an index)
   CoordFinder rhs_index;              // over rhs
+  Device device{};                    // where lhs / rhs live (device routes allocate there)
+  std::string_view op;                // names the caller in errors raised by device routes
 };
 // What an align route returns (sized by the data, so the route allocates).
 struct AlignResult {
@@ -218,6 +277,8 @@ struct LookupArgs {
   const std::int32_t* queries = nullptr;  // (n_queries, 4), repeats allowed
   CoordFinder index;                      // over table
   std::int64_t* rows = nullptr;           // (n_queries) output
+  Device device{};                        // where every pointer lives
+  std::string_view op;                    // names the caller in errors raised by device routes
 };
 
 // Elementwise combine of aligned rows. Output row m reads a = lhs[lhs_rows[m]] (the fill when
@@ -242,6 +303,7 @@ struct CombineArgs {
   const void* dout = nullptr;              // (n_out, C_out)  backward
   void* dlhs = nullptr;                    // (n_lhs, c_lhs)  backward output, or null
   void* drhs = nullptr;                    // (n_rhs, c_rhs)  backward output, or null
+  Device device{};                         // where every pointer lives
 };
 
 // ---- coordinate utilities (downsample_coords, morton_codes, morton_order) ---------------------
@@ -250,6 +312,7 @@ struct DownsampleArgs {
   std::int64_t n = 0;
   const std::int32_t* coords = nullptr;  // (n, 4)
   Int3 stride{1, 1, 1};                  // each >= 1
+  Device device{};                       // where coords live (outputs are allocated there)
 };
 struct DownsampleResult {
   Array coords;   // (M, 4) int32: unique (batch, floor_div(x, sx), ...), first-occurrence order
@@ -264,6 +327,7 @@ struct MortonArgs {
   const std::int32_t* coords = nullptr;  // (n, cols)
   std::int64_t* codes = nullptr;         // (n) output, or null
   std::int64_t* order = nullptr;         // (n) output permutation, or null
+  Device device{};                       // where every pointer lives
 };
 
 // Row selection of prune (mask -> kept rows) and crop (box lo <= (x, y, z) < hi -> kept rows).
@@ -273,6 +337,7 @@ struct SelectArgs {
   const std::int32_t* coords = nullptr;  // (n, 4) (crop), or null
   Int3 lo{0, 0, 0};
   Int3 hi{0, 0, 0};
+  Device device{};  // where mask / coords live (the kept rows are allocated there)
 };
 // sparse_collate: sample i's (n_i, cols_i) rows (cols 3: x, y, z; 4: batch ignored) -> (sum, 4)
 // rows (i, x, y, z) and the counts n_i.
@@ -280,6 +345,7 @@ struct CollateSample {
   std::int64_t n = 0;
   std::int64_t cols = 4;
   const std::int32_t* coords = nullptr;
+  Device device{};  // where coords live (every sample on one device)
 };
 struct CollateResult {
   Array coords;                      // (sum n_i, 4) int32
@@ -292,6 +358,7 @@ struct DenseIndexArgs {
   Int3 origin{0, 0, 0};
   std::array<std::int64_t, 3> size{0, 0, 0};
   std::int64_t* index = nullptr;  // (n) output
+  Device device{};                // where every pointer lives
 };
 // from_dense: the non-zero sites of a (B, X, Y, Z) 0/1 mask in lexicographic order.
 struct NonzeroArgs {
@@ -299,10 +366,146 @@ struct NonzeroArgs {
   std::array<std::int64_t, 3> size{0, 0, 0};
   const std::uint8_t* site = nullptr;  // (batch * X * Y * Z)
   Int3 origin{0, 0, 0};
+  Device device{};  // where site lives (outputs are allocated there)
 };
 struct NonzeroResult {
   Array coords;                      // (K, 4) int32 (b, index + origin)
   Array index;                       // (K) int64 flat site
   std::vector<std::int64_t> counts;  // per batch
+};
+
+// ---- coordinate sets and relations on a device (src/backend/cuda/common/relation_build.cu) ----
+// Coordinates are contiguous (N, 4) int32 arrays on one device; every array below lives there.
+
+// A device hash table over the rows of a coordinate array (backend/cuda/common/coord_table.cuh):
+// slots int32 (capacity, a power of two), -1 = empty, each key holding its smallest row; linear
+// probing from hash_coord(row) & mask. The coordinate array itself holds the keys.
+struct DeviceCoordTable {
+  Array slots;
+  std::uint64_t mask = 0;
+};
+// The smallest row that repeats an earlier row, its value and the earlier (first) row; row -1
+// when every row is unique.
+struct DuplicateRow {
+  std::int64_t row = -1;
+  std::int64_t first = -1;
+  geometry::Coord4 value{0, 0, 0, 0};
+};
+// Rows per batch id in [0, n_batches), and the smallest row whose batch id lies outside that
+// range (bad_row -1 when none) with its id.
+struct BatchHistogram {
+  std::vector<std::int64_t> counts;
+  std::int64_t bad_row = -1;
+  std::int32_t bad_batch = 0;
+};
+
+// A generated output support (relation.cpp): unique candidates in first-occurrence order, the
+// candidates enumerated input row major, then kernel row.
+//   downsample: floor_div(c_i, s)                                   (one candidate per row)
+//   expand:     (c_i + p - off_k) / s where that divides exactly on every axis
+//   transposed: c_i * s + off_k - p
+enum class SupportRule { downsample, expand, transposed };
+struct DeviceSupportArgs {
+  SupportRule rule = SupportRule::downsample;
+  Array coords;                      // input (N, 4) int32
+  KernelSpec spec;                   // kernel size and dilation give the offsets
+  bool centered = true;              // geometry::kernel_offset's centered flag
+  std::array<std::int64_t, 3> stride{1, 1, 1};
+  std::array<std::int64_t, 3> padding{0, 0, 0};
+};
+struct DeviceSupportResult {
+  Array coords;  // (M, 4) int32; undefined when a candidate leaves the int32 range
+  // The first candidate (in enumeration order) with a coordinate outside int32: its input row
+  // and the first such coordinate value (x, then y, then z); -1 when none.
+  std::int64_t overflow_row = -1;
+  std::int64_t overflow_value = 0;
+};
+
+// The edges of a relation: map[o, k] = the input row feeding (o, k) or -1, by the gather rule
+// c_i = o*s + off_k - p or (scatter) o = c_i*s + off_k - p, probing the input table.
+struct DeviceEdgeArgs {
+  Array input;                        // (n_in, 4) int32, the rows input_table keys
+  const DeviceCoordTable* input_table = nullptr;
+  Array output;                       // (n_out, 4) int32
+  KernelSpec spec;
+  bool centered = true;
+  std::int64_t kernel_volume = 1;
+  std::array<std::int64_t, 3> stride{1, 1, 1};
+  std::array<std::int64_t, 3> padding{0, 0, 0};
+  bool scatter = false;
+};
+// Every view of a Relation (lattice/tensor/relation.h), same dtypes, shapes and order as the CPU
+// build: map (n_out, K) int32; out_ptr (n_out + 1) int64; in_idx / out_idx / k_idx (E) int32
+// sorted by (o, k); k_ptr (K + 1) int64; k_in / k_out (E) int32 sorted by (k, o).
+struct DeviceEdges {
+  Array map, out_ptr, in_idx, out_idx, k_idx, k_ptr, k_in, k_out;
+  std::int64_t n_edges = 0;
+  bool identity = false;  // K == 1, n_in == n_out == E and every edge is (i, i, 0)
+};
+// Input-side views of a relation: in_ptr (n_in + 1) int64, kt_in / kt_out (E) int32 with each
+// offset's edges sorted by input row.
+struct DeviceInputGroupingArgs {
+  std::int64_t n_in = 0;
+  std::int64_t kernel_volume = 1;
+  std::int64_t n_edges = 0;
+  Array in_idx, out_idx, k_idx;  // the output-major edge list
+};
+struct DeviceInputGrouping {
+  Array in_ptr, kt_in, kt_out;
+};
+
+// ---- index builders for data on a device (pooling edges, point grouping) ----------------------
+// What the semantic layer computes with host loops for CPU data, done on the data's device.
+
+// Global pooling: the rows of each batch (a stable grouping by batch id, rows ascending).
+struct BatchEdgesArgs {
+  std::int64_t n = 0;
+  const std::int32_t* coords = nullptr;  // (n, 4)
+  std::int64_t batches = -1;             // batch count when known (ids checked), else -1: max id + 1
+  Device device{};
+};
+// trilinear_upsample3d: per fine row the coarse rows among its 8 trilinear neighbours with
+// normalised float64 weights (the rule of ops/pool.cpp, bit for bit).
+struct TrilinearEdgesArgs {
+  std::int64_t n_coarse = 0;
+  std::int64_t n_fine = 0;
+  const std::int32_t* coarse = nullptr;  // (n_coarse, 4) unique rows
+  const std::int32_t* fine = nullptr;    // (n_fine, 4)
+  const std::int32_t* coarse_slots = nullptr;  // cached DeviceCoordTable over coarse, or null
+  std::uint64_t coarse_mask = 0;
+  Int3 ratio{2, 2, 2};
+  Device device{};
+};
+struct PoolEdgeList {
+  Array out_ptr;  // (n_out + 1) int64
+  Array in_idx;   // (E) int32
+  Array weights;  // (E) float64 (trilinear only)
+  std::int64_t negative_row = -1;   // batch edges: first row with a negative batch id (nothing
+  std::int32_t negative_batch = 0;  //   else filled when >= 0), and that id
+  std::int64_t first_empty = -1;    // batch edges: first batch without rows, or -1
+};
+
+// Batch ids of points: int32 or int64 (n), checked to lie in [0, 2^31) and narrowed to int32.
+struct BatchIdsArgs {
+  std::int64_t n = 0;
+  Dtype dtype = Dtype::i32;
+  const void* ids = nullptr;
+  Device device{};
+};
+struct BatchIdsResult {
+  Array batch;                // (n) int32 (undefined when bad_row >= 0)
+  std::int64_t bad_row = -1;  // first id outside [0, 2^31), and its value
+  std::int64_t bad_value = 0;
+};
+// The CSR of points per voxel: a stable grouping of the points by voxel row.
+struct PointGroupArgs {
+  std::int64_t n_points = 0;
+  std::int64_t n_voxels = 0;
+  const std::int64_t* inverse = nullptr;  // (P) point -> voxel row
+  Device device{};
+};
+struct PointGroupResult {
+  Array voxel_ptr;  // (M + 1) int64
+  Array point_idx;  // (P) int64, ascending within each voxel
 };
 }  // namespace lattice::backend

@@ -10,10 +10,17 @@
 #include "backend/cpu/pool/pool_routes.h"
 #include "backend/cpu/algebra/algebra_routes.h"
 #include "backend/cpu/coords/coords_routes.h"
+#include "backend/cpu/quantized/quantized_routes.h"
 
 #if LATTICE_HAS_CUDA
 #include "backend/cuda/runtime/caps.h"
 #include "backend/cuda/runtime/memory.h"
+#include "backend/cuda/conv/conv_routes.h"
+#include "backend/cuda/algebra/algebra_routes.h"
+#include "backend/cuda/coords/coords_routes.h"
+#include "backend/cuda/common/relation_build.h"
+#include "backend/cuda/point_voxel/point_voxel_routes.h"
+#include "backend/cuda/pool/pool_routes.h"
 #endif
 
 namespace lattice::backend {
@@ -36,6 +43,16 @@ const ConvKernels* find_conv_kernels(RouteId id) {
   static const ConvKernels gather{cpu::conv_gather_gemm_scatter_forward,
                                   cpu::conv_gather_gemm_scatter_input_grad,
                                   cpu::conv_gather_gemm_scatter_weight_grad};
+#if LATTICE_HAS_CUDA
+  static const ConvKernels cuda_gather{
+      cuda::conv_cuda_gather_gemm_scatter_forward, cuda::conv_cuda_gather_gemm_scatter_input_grad,
+      cuda::conv_cuda_gather_gemm_scatter_weight_grad, cuda::conv_cuda_bias_grad};
+  static const ConvKernels implicit_sm80{
+      cuda::conv_implicit_gemm_sm80_forward, cuda::conv_implicit_gemm_sm80_input_grad,
+      cuda::conv_implicit_gemm_sm80_weight_grad, cuda::conv_cuda_bias_grad};
+  if (id == RouteId::conv_cuda_gather_gemm_scatter) return &cuda_gather;
+  if (id == RouteId::conv_implicit_gemm_sm80) return &implicit_sm80;
+#endif
   switch (id) {
     case RouteId::conv_reference: return &reference;
     case RouteId::conv_pointwise_matmul: return &pointwise;
@@ -45,6 +62,9 @@ const ConvKernels* find_conv_kernels(RouteId id) {
 }
 
 QuantizeFn find_quantize_kernel(RouteId id) {
+#if LATTICE_HAS_CUDA
+  if (id == RouteId::quantize_cuda) return cuda::quantize;
+#endif
   switch (id) {
     case RouteId::quantize_reference: return cpu::quantize_reference;
     default: return nullptr;
@@ -60,6 +80,12 @@ const PointVoxelKernels* find_point_voxel_kernels(RouteId id) {
       cpu::voxelize_parallel_forward, cpu::voxelize_parallel_backward,
       cpu::devoxelize_parallel_forward, cpu::devoxelize_parallel_backward,
       cpu::point_voxel_map_parallel};
+#if LATTICE_HAS_CUDA
+  static const PointVoxelKernels cuda_kernels{cuda::voxelize_forward, cuda::voxelize_backward,
+                                              cuda::devoxelize_forward, cuda::devoxelize_backward,
+                                              cuda::point_voxel_map};
+  if (id == RouteId::point_voxel_cuda) return &cuda_kernels;
+#endif
   switch (id) {
     case RouteId::point_voxel_reference: return &reference;
     case RouteId::point_voxel_parallel: return &parallel;
@@ -71,6 +97,11 @@ const PoolKernels* find_pool_kernels(RouteId id) {
   static const PoolKernels reference{cpu::pool_reference_forward, cpu::pool_reference_input_grad};
   static const PoolKernels csr_reduce{cpu::pool_csr_reduce_forward, cpu::pool_csr_reduce_input_grad};
   static const PoolKernels input_exclusive{nullptr, cpu::pool_input_exclusive_input_grad};
+#if LATTICE_HAS_CUDA
+  static const PoolKernels cuda_csr_reduce{cuda::pool_csr_reduce_forward,
+                                           cuda::pool_csr_reduce_input_grad};
+  if (id == RouteId::pool_cuda_csr_reduce) return &cuda_csr_reduce;
+#endif
   switch (id) {
     case RouteId::pool_reference: return &reference;
     case RouteId::pool_csr_reduce: return &csr_reduce;
@@ -84,6 +115,11 @@ const AlgebraKernels* find_algebra_kernels(RouteId id) {
                                         cpu::algebra_reference_forward, cpu::algebra_reference_backward};
   static const AlgebraKernels hashed{cpu::algebra_hashed_align, cpu::algebra_hashed_lookup,
                                      cpu::algebra_hashed_forward, cpu::algebra_hashed_backward};
+#if LATTICE_HAS_CUDA
+  static const AlgebraKernels cuda_hashed{cuda::algebra_cuda_hashed_align, cuda::algebra_cuda_hashed_lookup,
+                                          cuda::algebra_cuda_hashed_forward, cuda::algebra_cuda_hashed_backward};
+  if (id == RouteId::algebra_cuda_hashed) return &cuda_hashed;
+#endif
   switch (id) {
     case RouteId::algebra_reference: return &reference;
     case RouteId::algebra_hashed: return &hashed;
@@ -96,8 +132,57 @@ const CoordsKernels* find_coords_kernels(RouteId id) {
       cpu::coords_reference_downsample, cpu::coords_reference_morton,
       cpu::coords_reference_select, cpu::coords_reference_collate,
       cpu::coords_reference_dense_index, cpu::coords_reference_nonzero};
+#if LATTICE_HAS_CUDA
+  static const CoordsKernels cuda_utilities{
+      cuda::coords_cuda_downsample, cuda::coords_cuda_morton, cuda::coords_cuda_select,
+      cuda::coords_cuda_collate, cuda::coords_cuda_dense_index, cuda::coords_cuda_nonzero};
+  if (id == RouteId::coords_cuda) return &cuda_utilities;
+#endif
   switch (id) {
     case RouteId::coords_reference: return &reference;
+    default: return nullptr;
+  }
+}
+
+const PoolEdgeKernels* find_pool_edge_kernels(Device device) {
+#if LATTICE_HAS_CUDA
+  static const PoolEdgeKernels cuda_kernels{cuda::pool_batch_edges, cuda::pool_trilinear_edges};
+  if (device.is_cuda()) return &cuda_kernels;
+#else
+  (void)device;
+#endif
+  return nullptr;
+}
+
+const PointIndexKernels* find_point_index_kernels(Device device) {
+#if LATTICE_HAS_CUDA
+  static const PointIndexKernels cuda_kernels{cuda::batch_ids, cuda::group_points_by_voxel};
+  if (device.is_cuda()) return &cuda_kernels;
+#else
+  (void)device;
+#endif
+  return nullptr;
+}
+
+const DeviceCoordKernels* find_device_coord_kernels(Device device) {
+#if LATTICE_HAS_CUDA
+  static const DeviceCoordKernels cuda_kernels{
+      cuda::device_build_table, cuda::device_find_duplicate, cuda::device_batch_histogram,
+      cuda::device_support, cuda::device_edges, cuda::device_row_masks,
+      cuda::device_input_grouping};
+  if (device.is_cuda()) return &cuda_kernels;
+#else
+  (void)device;
+#endif
+  return nullptr;
+}
+
+const QuantizedKernels* find_quantized_kernels(RouteId id) {
+  static const QuantizedKernels dequant_reference{cpu::quantized_dequantize_reference, nullptr};
+  static const QuantizedKernels fused{nullptr, cpu::quantized_fused_dequant_gemm_forward};
+  switch (id) {
+    case RouteId::quantized_dequant_reference: return &dequant_reference;
+    case RouteId::quantized_fused_dequant_gemm: return &fused;
     default: return nullptr;
   }
 }

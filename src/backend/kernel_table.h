@@ -16,9 +16,19 @@ struct ConvKernels {
   ConvFn forward = nullptr;
   ConvFn input_grad = nullptr;
   ConvFn weight_grad = nullptr;
+  ConvFn bias_grad = nullptr;  // dbias from dy on the route's device; null: the caller sums on the host
 };
 // nullptr when the route has no kernels in this build.
 const ConvKernels* find_conv_kernels(RouteId id);
+
+// Packed affine weights (family "quantized"): dequant_reference fills `dequantize` (the semantic
+// layer then runs the float conv route), fused_dequant_gemm fills `forward`.
+struct QuantizedKernels {
+  void (*dequantize)(const DequantizeArgs&) = nullptr;
+  void (*forward)(const QuantizedConvArgs&) = nullptr;
+};
+// nullptr when the route has no kernels in this build.
+const QuantizedKernels* find_quantized_kernels(RouteId id);
 
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);
@@ -44,6 +54,24 @@ struct PoolKernels {
 // nullptr when the route has no kernels in this build.
 const PoolKernels* find_pool_kernels(RouteId id);
 
+// Edge lists of global pooling and trilinear upsampling built on a device (ops/pool.cpp builds
+// them with host loops for CPU coordinates).
+struct PoolEdgeKernels {
+  PoolEdgeList (*batch_edges)(const BatchEdgesArgs&) = nullptr;
+  PoolEdgeList (*trilinear_edges)(const TrilinearEdgesArgs&) = nullptr;
+};
+// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
+const PoolEdgeKernels* find_pool_edge_kernels(Device device);
+
+// Point-family index work on a device (ops/quantize.cpp and ops/point_voxel.cpp do it with host
+// loops for CPU data): batch id checks and the CSR of points per voxel.
+struct PointIndexKernels {
+  BatchIdsResult (*batch_ids)(const BatchIdsArgs&) = nullptr;
+  PointGroupResult (*group)(const PointGroupArgs&) = nullptr;
+};
+// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
+const PointIndexKernels* find_point_index_kernels(Device device);
+
 using AlignFn = AlignResult (*)(const AlignArgs&);
 using LookupFn = void (*)(const LookupArgs&);
 using CombineFn = void (*)(const CombineArgs&);
@@ -68,6 +96,19 @@ struct CoordsKernels {
 };
 // nullptr when the route has no kernels in this build.
 const CoordsKernels* find_coords_kernels(RouteId id);
+
+// Coordinate sets and relations on a device (lattice/tensor/relation.h, built on the device).
+struct DeviceCoordKernels {
+  DeviceCoordTable (*build_table)(const Array& coords) = nullptr;
+  DuplicateRow (*find_duplicate)(const Array& coords, const DeviceCoordTable& table) = nullptr;
+  BatchHistogram (*batch_histogram)(const Array& coords, std::int64_t n_batches) = nullptr;
+  DeviceSupportResult (*support)(const DeviceSupportArgs&) = nullptr;
+  DeviceEdges (*edges)(const DeviceEdgeArgs&) = nullptr;
+  Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
+  DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
+};
+// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
+const DeviceCoordKernels* find_device_coord_kernels(Device device);
 
 // Capabilities of this process's devices: queried once and cached, except the CPU thread
 // count, which is lattice's current setting (core/threads.h).

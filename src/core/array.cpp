@@ -200,9 +200,10 @@ Array Array::from_dlpack(LatticeDLManagedTensor* managed) {
   const Dtype dtype = dtype_from_dl(t.dtype);
   if (t.ndim < 0) throw ValueError("[from_dlpack] ndim: expected >= 0, got " + std::to_string(t.ndim));
   Shape shape(t.shape, t.shape + t.ndim);
-  Shape strides = t.strides ? Shape(t.strides, t.strides + t.ndim) : contiguous_strides(shape);
-  Array a;
   const std::int64_t n = checked_numel(shape);
+  // Zero-element tensors get canonical strides: producers export arbitrary ones for them.
+  Shape strides = t.strides && n != 0 ? Shape(t.strides, t.strides + t.ndim) : contiguous_strides(shape);
+  Array a;
   a.storage_ = std::make_shared<Storage>(
       static_cast<char*>(t.data) + t.byte_offset, static_cast<std::size_t>(n) * size_of(dtype), device,
       [owner](void*) mutable { owner.reset(); });
@@ -245,10 +246,15 @@ std::int64_t Array::numel() const {
 }
 
 bool Array::is_contiguous() const {
+  // An array without elements is contiguous whatever its strides (like torch): producers export
+  // arbitrary strides for them (torch.from_numpy of an (0, 4) array has strides (0, 0), and its
+  // DLPack export (1, 0)), and a zero-element CUDA array must never need a clone.
+  for (std::int64_t d : shape_) {
+    if (d == 0) return true;
+  }
   std::int64_t expected = 1;
   for (std::size_t i = shape_.size(); i-- > 0;) {
     if (shape_[i] == 1) continue;
-    if (shape_[i] == 0) return true;
     if (strides_[i] != expected) return false;
     expected *= shape_[i];
   }

@@ -25,6 +25,15 @@ std::int64_t find_in_index(const void* index, const geometry::Coord4& c) {
 
 backend::CoordFinder finder(const CoordIndex& index) { return {&index, find_in_index}; }
 
+// `arr` readable on the host: itself on the CPU, else a host copy (device results the semantic
+// layer inspects: row maps and output coordinates).
+Array on_host(const Array& arr) { return arr.device().is_cpu() ? arr : arr.to(Device::cpu()); }
+
+// "[op] arg: expected a tensor on <expected>, got <got>" when the devices differ.
+void check_device(std::string_view op, std::string_view arg, Device expected, Device got) {
+  if (got != expected) throw_value_error(op, arg, "a tensor on " + to_string(expected), to_string(got));
+}
+
 const backend::AlgebraKernels& kernels_for(const Explanation& e) {
   const backend::AlgebraKernels* k = backend::find_algebra_kernels(chosen_or_throw(e));
   LATTICE_ASSERT(k != nullptr, "admitted algebra route has no kernels in this build");
@@ -35,6 +44,7 @@ void check_sets(std::string_view op, const std::shared_ptr<CoordinateSet>& lhs,
                 const std::shared_ptr<CoordinateSet>& rhs) {
   if (!lhs) throw_value_error(op, "lhs", "a coordinate set", "none");
   if (!rhs) throw_value_error(op, "rhs", "a coordinate set", "none");
+  check_device(op, "rhs", lhs->coords().device(), rhs->coords().device());
   if (lhs->stride() != rhs->stride()) {
     throw_value_error(op, "rhs", "stride " + to_string(lhs->stride()) + " (the stride of lhs)",
                       "stride " + to_string(rhs->stride()));
@@ -56,8 +66,9 @@ AlgebraProblem align_problem(std::string_view op, const CoordinateSet& lhs,
 }
 
 // rows == 0, 1, ..., n-1.
-bool is_iota(const Array& rows, std::int64_t n) {
-  if (rows.dim(0) != n) return false;
+bool is_iota(const Array& rows_any, std::int64_t n) {
+  if (rows_any.dim(0) != n) return false;
+  const Array rows = on_host(rows_any);
   const auto* r = rows.data<std::int64_t>();
   for (std::int64_t k = 0; k < n; ++k)
     if (r[k] != k) return false;
@@ -66,9 +77,10 @@ bool is_iota(const Array& rows, std::int64_t n) {
 
 // Rows per batch of a new output support, when every input that contributes rows has counts.
 std::optional<std::vector<std::int64_t>> output_batch_counts(const Alignment& a,
-                                                             const Array& coords) {
-  const std::int64_t m = coords.dim(0);
-  const auto* l = a.lhs_rows.data<std::int64_t>();
+                                                             const Array& coords_any) {
+  const std::int64_t m = coords_any.dim(0);
+  const Array lhs_rows = on_host(a.lhs_rows);
+  const auto* l = lhs_rows.data<std::int64_t>();
   bool from_lhs = false, from_rhs = false;
   for (std::int64_t k = 0; k < m; ++k) (l[k] >= 0 ? from_lhs : from_rhs) = true;
   std::size_t n_batches = 0;
@@ -79,6 +91,7 @@ std::optional<std::vector<std::int64_t>> output_batch_counts(const Alignment& a,
     n_batches = std::max(n_batches, set->batch_counts()->size());
   }
   std::vector<std::int64_t> counts(n_batches, 0);
+  const Array coords = on_host(coords_any);
   const auto* c = coords.data<std::int32_t>();
   for (std::int64_t k = 0; k < m; ++k) ++counts[static_cast<std::size_t>(c[4 * k])];
   return counts;
@@ -103,10 +116,8 @@ std::int64_t check_operands(const Alignment& a, AlgebraOp op, const Array& lhs, 
     throw_type_error(a.op, "rhs",
                      std::string(to_string(lhs.dtype())) + " features (the dtype of lhs)",
                      std::string(to_string(rhs.dtype())));
-  if (rhs.device() != lhs.device())
-    throw_value_error(a.op, "rhs",
-                      "features on " + to_string(lhs.device()) + " (the device of lhs)",
-                      to_string(rhs.device()));
+  check_device(a.op, "lhs", a.lhs->coords().device(), lhs.device());
+  check_device(a.op, "rhs", lhs.device(), rhs.device());
   if (op == AlgebraOp::cat) return lhs.dim(1) + rhs.dim(1);
   if (rhs.dim(1) != lhs.dim(1))
     throw_value_error(a.op, "rhs",
@@ -149,6 +160,7 @@ backend::CombineArgs combine_args(const Alignment& a, AlgebraOp op, const Array&
   args.fill = fill;
   args.lhs = lhs.raw_data();
   args.rhs = rhs.raw_data();
+  args.device = lhs.device();
   return args;
 }
 
@@ -205,10 +217,11 @@ std::shared_ptr<const Alignment> align(std::string_view op,
     out->output = lhs;
     return out;
   }
-  // Building (or fetching) both indexes also rejects repeated rows, which would make the
-  // alignment ambiguous.
-  const CoordIndex& lhs_index = lhs->index(op);
-  const CoordIndex& rhs_index = rhs->index(op);
+  // On the CPU, building (or fetching) both indexes also rejects repeated rows, which would make
+  // the alignment ambiguous; device routes hash the sets themselves and check them there.
+  const Device device = lhs->coords().device();
+  const CoordIndex* lhs_index = device.is_cpu() ? &lhs->index(op) : nullptr;
+  const CoordIndex* rhs_index = device.is_cpu() ? &rhs->index(op) : nullptr;
   const Explanation e = explain(align_problem(op, *lhs, *rhs, join), backend::device_caps(),
                                 effective_policy(policy, kFamily));
   const backend::AlgebraKernels& k = kernels_for(e);
@@ -218,8 +231,10 @@ std::shared_ptr<const Alignment> align(std::string_view op,
   args.n_rhs = rhs->size();
   args.lhs = lhs->coords().data<std::int32_t>();
   args.rhs = rhs->coords().data<std::int32_t>();
-  args.lhs_index = finder(lhs_index);
-  args.rhs_index = finder(rhs_index);
+  if (lhs_index) args.lhs_index = finder(*lhs_index);
+  if (rhs_index) args.rhs_index = finder(*rhs_index);
+  args.device = device;
+  args.op = op;
   backend::AlignResult r = k.align(args);
   out->lhs_rows = std::move(r.lhs_rows);
   out->rhs_rows = std::move(r.rhs_rows);
@@ -259,6 +274,7 @@ CombineGrads combine_backward(const Alignment& a, AlgebraOp op, const Array& lhs
     throw_type_error(a.op, "grad_out",
                      std::string(to_string(lhs_feats.dtype())) + " (the dtype of lhs)",
                      std::string(to_string(grad_out.dtype())));
+  check_device(a.op, "grad_out", lhs_feats.device(), grad_out.device());
   if (grad_out.ndim() != 2 || grad_out.dim(0) != a.size() || grad_out.dim(1) != c_out)
     throw_value_error(a.op, "grad_out",
                       "shape (M=" + std::to_string(a.size()) + ", C=" + std::to_string(c_out) + ")",

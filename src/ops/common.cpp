@@ -19,7 +19,7 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
   auto id = route_from_string(family, spec);
   if (!id) {
     // A route name of another family (no prefix given) leaves this family alone.
-    for (std::string_view other : {"conv", "quantize", "point_voxel", "pool", "algebra", "coords"})
+    for (std::string_view other : {"conv", "quantize", "point_voxel", "pool", "algebra", "coords", "quantized"})
       if (other != family && route_from_string(other, spec)) return policy;
     std::string got = "'";
     got.append(env).append("'");
@@ -94,10 +94,6 @@ PlannedRelation plan_relation(std::string_view op, RelationKind kind,
   if (needs_target && !target)
     throw_value_error(op, "coordinates", "a target SparseTensor for a target relation", "None");
   if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
-  if (!x->coords().device().is_cpu())
-    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (relation building on " +
-                           to_string(x->coords().device()) + " comes with the CUDA backend), got " +
-                           to_string(x->coords().device()));
   PlannedRelation planned;
   planned.spec = requested;
   if (kind == RelationKind::submanifold) planned.spec.stride = Int3{1, 1, 1};

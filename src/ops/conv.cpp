@@ -34,6 +34,11 @@ backend::RelationView view_of(const Relation& r, ConvPass pass = ConvPass::forwa
     v.kt_in = g.kt_in.data<std::int32_t>();
     v.kt_out = g.kt_out.data<std::int32_t>();
   }
+  // Device routes read the cached N_out x K map (CPU routes do not need it).
+  if (pass != ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
+    const Array& map = r.gemm_map();
+    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
+  }
   return v;
 }
 
@@ -56,14 +61,15 @@ CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array
                       format_shape(feats.shape()));
   const std::int64_t c_in = feats.dim(1);
   if (feats.device() != plan.input->coords().device())
-    throw_value_error(op, "feats", "the device of coords (" + to_string(plan.input->coords().device()) + ")",
+    throw_value_error(op, "feats",
+                      "a tensor on " + to_string(plan.input->coords().device()) + " (the device of coords)",
                       to_string(feats.device()));
   if (!weight.defined()) throw_value_error(op, "weight", "a weight array", "nothing");
   if (weight.dtype() != feats.dtype())
     throw_type_error(op, "weight", std::string(to_string(feats.dtype())) + " (the dtype of feats)",
                      to_string(weight.dtype()));
   if (weight.device() != feats.device())
-    throw_value_error(op, "weight", "the device of feats (" + to_string(feats.device()) + ")",
+    throw_value_error(op, "weight", "a tensor on " + to_string(feats.device()) + " (the device of feats)",
                       to_string(weight.device()));
   const std::string expected = "(C_out, " + std::to_string(k[0]) + ", " + std::to_string(k[1]) + ", " +
                                std::to_string(k[2]) + ", C_in=" + std::to_string(c_in) + ") or (" +
@@ -169,7 +175,7 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
       throw_value_error(plan.op, "bias", "shape (C_out=" + std::to_string(w.c_out) + ",)",
                         format_shape(bias->shape()));
     if (bias->device() != feats.device())
-      throw_value_error(plan.op, "bias", "the device of feats (" + to_string(feats.device()) + ")",
+      throw_value_error(plan.op, "bias", "a tensor on " + to_string(feats.device()) + " (the device of feats)",
                         to_string(bias->device()));
     b = bias->contiguous();
   }
@@ -185,6 +191,8 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
   args.w = w.kernel_major.raw_data();
   args.bias = b.defined() ? b.raw_data() : nullptr;
   args.y = y.raw_data();
+  args.device = x.device();
+  args.allow_tf32 = plan.options.allow_tf32;
   k.forward(args);
   return y;
 }
@@ -202,7 +210,7 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
                           std::to_string(w.c_out) + ")",
                       format_shape(grad_out.shape()));
   if (grad_out.device() != x.device())
-    throw_value_error(plan.op, "grad_out", "the device of feats (" + to_string(x.device()) + ")",
+    throw_value_error(plan.op, "grad_out", "a tensor on " + to_string(x.device()) + " (the device of feats)",
                       to_string(grad_out.device()));
   const Array dy = grad_out.contiguous();
   backend::ConvArgs args;
@@ -213,6 +221,8 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   args.x = x.raw_data();
   args.w = w.kernel_major.raw_data();
   args.dy = dy.raw_data();
+  args.device = x.device();
+  args.allow_tf32 = plan.options.allow_tf32;
   ConvGrads grads;
   if (request.input) {
     const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
@@ -228,7 +238,21 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     k.weight_grad(args);
     grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
   }
-  if (request.bias) grads.bias = bias_grad(dy);
+  if (request.bias) {
+    // Device routes sum on their device (with the weight-gradient route's kernels); CPU on the host.
+    const backend::ConvKernels* k =
+        x.device().is_cpu() ? nullptr : &choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    if (k && k->bias_grad) {
+      grads.bias = Array::empty({w.c_out}, x.dtype(), x.device());
+      args.rel = view_of(*plan.relation);
+      args.dbias = grads.bias.raw_data();
+      k->bias_grad(args);
+    } else if (x.device().is_cpu()) {
+      grads.bias = bias_grad(dy);
+    } else {
+      grads.bias = bias_grad(dy.to(Device::cpu())).to(x.device());
+    }
+  }
   return grads;
 }
 
@@ -293,6 +317,8 @@ Array weight_dense_to_kernel_major(const Array& weight) {
   if (weight.ndim() != 5)
     throw_value_error("weight_dense_to_kernel_major", "weight", "(C_out, Kx, Ky, Kz, C_in)",
                       format_shape(weight.shape()));
+  // Device weights are permuted on the host (a small copy each way; no host access to device memory).
+  if (!weight.device().is_cpu()) return weight_dense_to_kernel_major(weight.to(Device::cpu())).to(weight.device());
   const Array w = weight.contiguous();
   const std::int64_t c_out = w.dim(0), k = w.dim(1) * w.dim(2) * w.dim(3), c_in = w.dim(4);
   Array out = Array::empty({k, c_in, c_out}, w.dtype(), w.device());
@@ -305,6 +331,8 @@ Array weight_kernel_major_to_dense(const Array& weight, Int3 kernel_size) {
   if (weight.ndim() != 3 || weight.dim(0) != kv)
     throw_value_error("weight_kernel_major_to_dense", "weight",
                       "(K=" + std::to_string(kv) + ", C_in, C_out)", format_shape(weight.shape()));
+  if (!weight.device().is_cpu())
+    return weight_kernel_major_to_dense(weight.to(Device::cpu()), kernel_size).to(weight.device());
   const Array w = weight.contiguous();
   const std::int64_t c_in = w.dim(1), c_out = w.dim(2);
   Array out = Array::empty({c_out, kernel_size[0], kernel_size[1], kernel_size[2], c_in}, w.dtype(), w.device());
@@ -316,6 +344,7 @@ Array weight_spconv_to_dense(const Array& weight) {
   if (weight.ndim() != 5)
     throw_value_error("weight_spconv_to_dense", "weight", "(Kx, Ky, Kz, C_out, C_in)",
                       format_shape(weight.shape()));
+  if (!weight.device().is_cpu()) return weight_spconv_to_dense(weight.to(Device::cpu())).to(weight.device());
   const Array w = weight.contiguous();
   const std::int64_t k = w.dim(0) * w.dim(1) * w.dim(2), c_out = w.dim(3), c_in = w.dim(4);
   Array out = Array::empty({c_out, w.dim(0), w.dim(1), w.dim(2), c_in}, w.dtype(), w.device());

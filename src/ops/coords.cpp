@@ -21,15 +21,22 @@ std::int64_t find_in_index(const void* index, const geometry::Coord4& c) {
   return static_cast<const CoordIndex*>(index)->find(c);
 }
 
-// (N, cols) int32 CPU coordinates, cols one of the allowed widths.
+// `arr` readable on the host: itself on the CPU, else a host copy (device inputs the semantic
+// layer validates value by value, and device results it post-processes).
+Array on_host(const Array& arr) { return arr.device().is_cpu() ? arr : arr.to(Device::cpu()); }
+
+// "[op] arg: expected a tensor on <expected>, got <got>" when the devices differ.
+void check_device(std::string_view op, std::string_view arg, Device expected, Device got) {
+  if (got != expected) throw_value_error(op, arg, "a tensor on " + to_string(expected), to_string(got));
+}
+
+// (N, cols) int32 coordinates (CPU or CUDA), cols one of the allowed widths.
 void check_coords(std::string_view op, std::string_view arg, const Array& coords,
                   bool allow_three) {
   const std::string shape = allow_three ? "shape (N, 3) or (N, 4)" : "shape (N, 4)";
   if (!coords.defined()) throw_value_error(op, arg, "an int32 array of " + shape, "nothing");
   if (coords.dtype() != Dtype::i32)
     throw_type_error(op, arg, "int32 coordinates", std::string(to_string(coords.dtype())));
-  if (!coords.device().is_cpu())
-    throw_value_error(op, arg, "a CPU array", to_string(coords.device()));
   const bool ok = coords.ndim() == 2 && (coords.dim(1) == 4 || (allow_three && coords.dim(1) == 3));
   if (!ok) throw_value_error(op, arg, shape, format_shape(coords.shape()));
 }
@@ -73,13 +80,12 @@ const backend::CoordsKernels& coords_kernels(const CoordsProblem& problem,
   return *k;
 }
 
-// A (N) / (B, X, Y, Z) bool or uint8 CPU mask.
+// A (N) / (B, X, Y, Z) bool or uint8 mask (CPU or CUDA).
 void check_mask(std::string_view op, std::string_view arg, const Array& mask,
                 const std::string& shape) {
   if (!mask.defined()) throw_value_error(op, arg, "a bool array of " + shape, "nothing");
   if (mask.dtype() != Dtype::boolean && mask.dtype() != Dtype::u8)
     throw_type_error(op, arg, "a bool array", std::string(to_string(mask.dtype())));
-  if (!mask.device().is_cpu()) throw_value_error(op, arg, "a CPU array", to_string(mask.device()));
 }
 
 const backend::CoordsKernels& coords_kernels(std::string_view op, const Array& coords,
@@ -107,20 +113,26 @@ Array lookup(std::string_view op, const std::shared_ptr<CoordinateSet>& table, c
              const RoutePolicy& policy) {
   if (!table) throw_value_error(op, "coords", "a coordinate set", "none");
   check_coords(op, "queries", queries, false);
-  const CoordIndex& index = table->index(op);
+  const Device device = table->coords().device();
+  check_device(op, "queries", device, queries.device());
+  // CPU routes probe the set's index (building it rejects repeated rows); device routes hash the
+  // table themselves.
+  const CoordIndex* index = device.is_cpu() ? &table->index(op) : nullptr;
   const Array q = queries.contiguous();
   const Explanation e = explain(lookup_problem(op, *table, q.dim(0)), backend::device_caps(),
                                 effective_policy(policy, "algebra"));
   const backend::AlgebraKernels* k = backend::find_algebra_kernels(chosen_or_throw(e));
   LATTICE_ASSERT(k != nullptr, "admitted algebra route has no kernels in this build");
-  Array rows = Array::empty({q.dim(0)}, Dtype::i64);
+  Array rows = Array::empty({q.dim(0)}, Dtype::i64, device);
   backend::LookupArgs args;
   args.n_table = table->size();
   args.n_queries = q.dim(0);
   args.table = table->coords().data<std::int32_t>();
   args.queries = q.data<std::int32_t>();
-  args.index = {&index, find_in_index};
+  if (index) args.index = {index, find_in_index};
   args.rows = rows.data<std::int64_t>();
+  args.device = device;
+  args.op = op;
   k->lookup(args);
   return rows;
 }
@@ -129,7 +141,8 @@ Array morton(std::string_view op, const Array& coords, bool order, const RoutePo
   check_coords(op, "coords", coords, true);
   const Array c = coords.contiguous();
   const std::int64_t n = c.dim(0), cols = c.dim(1);
-  const auto* v = c.data<std::int32_t>();
+  const Array host = on_host(c);
+  const auto* v = host.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     for (std::int64_t axis = 0; axis < 3; ++axis) {
       const std::int32_t x = v[i * cols + (cols - 3) + axis];
@@ -143,11 +156,12 @@ Array morton(std::string_view op, const Array& coords, bool order, const RoutePo
     }
   }
   const backend::CoordsKernels& k = coords_kernels(op, c, policy);
-  Array out = Array::empty({n}, Dtype::i64);
+  Array out = Array::empty({n}, Dtype::i64, c.device());
   backend::MortonArgs args;
   args.n = n;
   args.cols = cols;
-  args.coords = v;
+  args.coords = c.data<std::int32_t>();
+  args.device = c.device();
   (order ? args.order : args.codes) = out.data<std::int64_t>();
   k.morton(args);
   return out;
@@ -172,12 +186,13 @@ Array lookup_coords(const std::shared_ptr<CoordinateSet>& table, const Array& qu
 
 Array contains_coords(const std::shared_ptr<CoordinateSet>& table, const Array& queries,
                       const RoutePolicy& policy) {
-  const Array rows = lookup("contains_coords", table, queries, policy);
+  const Array found = lookup("contains_coords", table, queries, policy);
+  const Array rows = on_host(found);
   Array out = Array::empty({rows.dim(0)}, Dtype::boolean);
   const auto* r = rows.data<std::int64_t>();
   auto* o = out.data<bool>();
   for (std::int64_t q = 0; q < rows.dim(0); ++q) o[q] = r[q] >= 0;
-  return out;
+  return out.to(found.device());
 }
 
 DownsampleOutput downsample_coords(const Array& coords, Int3 stride, const RoutePolicy& policy) {
@@ -191,6 +206,7 @@ DownsampleOutput downsample_coords(const Array& coords, Int3 stride, const Route
   args.n = c.dim(0);
   args.coords = c.data<std::int32_t>();
   args.stride = stride;
+  args.device = c.device();
   backend::DownsampleResult r = k.downsample(args);
   return {std::move(r.coords), std::move(r.inverse)};
 }
@@ -211,10 +227,12 @@ Array prune_rows(const Array& coords, const Array& mask, const RoutePolicy& poli
   check_mask(op, "mask", mask, shape);
   if (mask.ndim() != 1 || mask.dim(0) != n)
     throw_value_error(op, "mask", shape, format_shape(mask.shape()));
+  check_device(op, "mask", coords.device(), mask.device());
   const Array m = mask.contiguous();
   const backend::CoordsKernels& k = coords_kernels(op, coords, policy);
   backend::SelectArgs args;
   args.n = n;
+  args.device = coords.device();
   args.mask = static_cast<const std::uint8_t*>(m.raw_data());
   return k.select(args);
 }
@@ -233,6 +251,7 @@ Array crop_rows(const Array& coords, Int3 lo, Int3 hi, const RoutePolicy& policy
   args.coords = c.data<std::int32_t>();
   args.lo = lo;
   args.hi = hi;
+  args.device = c.device();
   return k.select(args);
 }
 
@@ -243,9 +262,12 @@ CollateOutput collate_coords(const std::vector<Array>& samples, const RoutePolic
   std::vector<backend::CollateSample> rows;
   std::int64_t total = 0;
   for (std::size_t i = 0; i < samples.size(); ++i) {
-    check_coords(op, "samples[" + std::to_string(i) + "] coords", samples[i], true);
+    const std::string arg = "samples[" + std::to_string(i) + "] coords";
+    check_coords(op, arg, samples[i], true);
+    check_device(op, arg, samples.front().device(), samples[i].device());
     held.push_back(samples[i].contiguous());
-    rows.push_back({held.back().dim(0), held.back().dim(1), held.back().data<std::int32_t>()});
+    rows.push_back({held.back().dim(0), held.back().dim(1), held.back().data<std::int32_t>(),
+                    held.back().device()});
     total += held.back().dim(0);
   }
   const backend::CoordsKernels& k =
@@ -262,7 +284,8 @@ Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> 
     if (s < 0) throw_value_error(op, "shape", "non-negative sizes", format_shape(size));
   const Array c = coords.contiguous();
   const std::int64_t n = c.dim(0);
-  const auto* v = c.data<std::int32_t>();
+  const Array host = on_host(c);
+  const auto* v = host.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     if (v[4 * i] < 0)
       throw_value_error(op, "coords", "batch ids >= 0",
@@ -279,10 +302,11 @@ Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> 
     }
   }
   const backend::CoordsKernels& k = coords_kernels(op, c, policy);
-  Array out = Array::empty({n}, Dtype::i64);
+  Array out = Array::empty({n}, Dtype::i64, c.device());
   backend::DenseIndexArgs args;
   args.n = n;
-  args.coords = v;
+  args.coords = c.data<std::int32_t>();
+  args.device = c.device();
   args.origin = origin;
   args.size = size;
   args.index = out.data<std::int64_t>();
@@ -306,6 +330,7 @@ NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& p
   args.size = {m.dim(1), m.dim(2), m.dim(3)};
   args.site = static_cast<const std::uint8_t*>(m.raw_data());
   args.origin = origin;
+  args.device = m.device();
   backend::NonzeroResult r = k.nonzero(args);
   return {std::move(r.coords), std::move(r.index), std::move(r.counts)};
 }

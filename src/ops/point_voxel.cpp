@@ -29,9 +29,9 @@ const backend::PointVoxelKernels& choose(const PointVoxelProblem& problem,
   return *k;
 }
 
-// A float feature array of shape (rows, C) on the CPU; returns C.
+// A float feature array of shape (rows, C) on `device` (that of the points and voxels); returns C.
 std::int64_t check_feats(std::string_view op, std::string_view what, const Array& a,
-                         std::int64_t rows, std::string_view rows_name) {
+                         std::int64_t rows, std::string_view rows_name, const Device& device) {
   if (!a.defined())
     throw_value_error(op, what, "an (" + std::string(rows_name) + ", C) float array", "nothing");
   if (!is_floating(a.dtype()))
@@ -40,9 +40,8 @@ std::int64_t check_feats(std::string_view op, std::string_view what, const Array
     throw_value_error(op, what,
                       "shape (" + std::string(rows_name) + "=" + std::to_string(rows) + ", C)",
                       format_shape(a.shape()));
-  if (!a.device().is_cpu())
-    throw_value_error(op, what, "a cpu array (the device of the points and voxels)",
-                      to_string(a.device()));
+  if (a.device() != device)
+    throw_value_error(op, what, "a tensor on " + to_string(device), to_string(a.device()));
   return a.dim(1);
 }
 
@@ -102,6 +101,7 @@ backend::DevoxelizeArgs devoxelize_args(const PointVoxelMap& m, Dtype dtype,
   a.weights = m.weights.raw_data();
   a.voxel_ptr = m.voxel_ptr.data<std::int64_t>();
   a.entries = m.entries.data<std::int64_t>();
+  a.device = m.indices.device();
   return a;
 }
 
@@ -131,6 +131,19 @@ PointGrouping group_points(const Array& points, const QuantizeOptions& options,
   g.voxels = CoordinateSet::create(out.coords, {1, 1, 1}, std::nullopt, false, op);
   g.inverse = std::move(out.inverse);
   g.counts = std::move(out.counts);
+  if (!g.inverse.device().is_cpu()) {  // the same stable grouping, on the device
+    const backend::PointIndexKernels* k = backend::find_point_index_kernels(g.inverse.device());
+    LATTICE_ASSERT(k != nullptr, "points on a device without point index kernels");
+    backend::PointGroupArgs args;
+    args.n_points = g.inverse.dim(0);
+    args.n_voxels = g.counts.dim(0);
+    args.inverse = g.inverse.data<std::int64_t>();
+    args.device = g.inverse.device();
+    backend::PointGroupResult r = k->group(args);
+    g.voxel_ptr = std::move(r.voxel_ptr);
+    g.point_idx = std::move(r.point_idx);
+    return g;
+  }
   // CSR of points per voxel by a stable counting sort: points of a voxel stay ascending.
   const std::int64_t n = g.inverse.dim(0), m = g.counts.dim(0);
   const auto* inv = g.inverse.data<std::int64_t>();
@@ -161,6 +174,7 @@ backend::VoxelizeArgs grouping_args(const PointGrouping& g, Dtype dtype, PointRe
   a.counts = g.counts.data<std::int64_t>();
   a.voxel_ptr = g.voxel_ptr.data<std::int64_t>();
   a.point_idx = g.point_idx.data<std::int64_t>();
+  a.device = g.inverse.device();
   return a;
 }
 
@@ -168,12 +182,14 @@ backend::VoxelizeArgs grouping_args(const PointGrouping& g, Dtype dtype, PointRe
 
 VoxelizeForward voxelize_forward(const PointGrouping& g, const Array& feats,
                                  PointReduction reduction, const RoutePolicy& policy) {
-  const std::int64_t c = check_feats(kVoxelize, "feats", feats, g.n_points(), "P");
+  const std::int64_t c =
+      check_feats(kVoxelize, "feats", feats, g.n_points(), "P", g.inverse.device());
   const Array x = feats.contiguous();
   const auto& k = choose(voxelize_problem(g, x, reduction, PointVoxelPass::forward), policy);
   VoxelizeForward out;
-  out.feats = Array::empty({g.n_voxels(), c}, x.dtype());
-  if (reduction == PointReduction::max) out.argmax = Array::empty({g.n_voxels(), c}, Dtype::i64);
+  out.feats = Array::empty({g.n_voxels(), c}, x.dtype(), x.device());
+  if (reduction == PointReduction::max)
+    out.argmax = Array::empty({g.n_voxels(), c}, Dtype::i64, x.device());
   backend::VoxelizeArgs a = grouping_args(g, x.dtype(), reduction, c);
   a.feats = x.raw_data();
   a.out = out.feats.raw_data();
@@ -184,10 +200,11 @@ VoxelizeForward voxelize_forward(const PointGrouping& g, const Array& feats,
 
 Array voxelize_backward(const PointGrouping& g, const Array& grad_out, const Array& argmax,
                         PointReduction reduction, const RoutePolicy& policy) {
-  const std::int64_t c = check_feats(kVoxelize, "grad_out", grad_out, g.n_voxels(), "M");
+  const std::int64_t c =
+      check_feats(kVoxelize, "grad_out", grad_out, g.n_voxels(), "M", g.inverse.device());
   if (reduction == PointReduction::max &&
       (!argmax.defined() || argmax.dtype() != Dtype::i64 || argmax.ndim() != 2 ||
-       argmax.dim(0) != g.n_voxels() || argmax.dim(1) != c))
+       argmax.dim(0) != g.n_voxels() || argmax.dim(1) != c || argmax.device() != grad_out.device()))
     throw_value_error(kVoxelize, "argmax",
                       "the forward's (M=" + std::to_string(g.n_voxels()) +
                           ", C=" + std::to_string(c) + ") int64 argmax for reduction 'max'",
@@ -197,7 +214,7 @@ Array voxelize_backward(const PointGrouping& g, const Array& grad_out, const Arr
   const Array dy = grad_out.contiguous();
   const Array arg = argmax.defined() ? argmax.contiguous() : Array();
   const auto& k = choose(voxelize_problem(g, dy, reduction, PointVoxelPass::backward), policy);
-  Array dx = Array::empty({g.n_points(), c}, dy.dtype());
+  Array dx = Array::empty({g.n_points(), c}, dy.dtype(), dy.device());
   backend::VoxelizeArgs a = grouping_args(g, dy.dtype(), reduction, c);
   a.dy = dy.raw_data();
   a.argmax = arg.defined() ? arg.data<std::int64_t>() : nullptr;
@@ -231,11 +248,8 @@ std::shared_ptr<const PointVoxelMap> build_point_voxel_map(
   detail::check_points(kBuildMap, points);
   detail::check_grid(kBuildMap, options.voxel_size, options.origin);
   if (!voxels) throw_value_error(kBuildMap, "voxels", "a SparseTensor", "an empty SparseTensor");
-  if (!points.device().is_cpu())
-    throw_value_error(kBuildMap, "points", "a cpu array", to_string(points.device()));
   if (voxels->coords().device() != points.device())
-    throw_value_error(kBuildMap, "voxels",
-                      "the device of points (" + to_string(points.device()) + ")",
+    throw_value_error(kBuildMap, "voxels", "a tensor on " + to_string(points.device()),
                       to_string(voxels->coords().device()));
   const std::int64_t n = points.dim(0);
   const Array batch = detail::checked_batch(kBuildMap, batch_indices, n, points.device());
@@ -255,6 +269,12 @@ std::shared_ptr<const PointVoxelMap> build_point_voxel_map(
   }
   a.mode = options.mode;
   a.normalize = options.normalize;
+  a.device = pts.device();
+  a.voxel_coords = voxels->coords().data<std::int32_t>();
+  if (const backend::DeviceCoordTable* t = index.device_table(); t && t->slots.defined()) {
+    a.voxel_slots = t->slots.data<std::int32_t>();
+    a.voxel_mask = t->mask;
+  }
   a.lookup.context = &index;
   a.lookup.find = [](const void* ctx, std::int32_t b, std::int32_t x, std::int32_t y,
                      std::int32_t z) {
@@ -265,6 +285,7 @@ std::shared_ptr<const PointVoxelMap> build_point_voxel_map(
     throw_value_error(kBuildMap, "points", "finite values (no NaN or inf)",
                       "a non-finite value at row " + std::to_string(r.first_invalid));
   auto map = std::make_shared<PointVoxelMap>();
+  LATTICE_ASSERT(r.duplicate_row < 0, "build_point_voxel_map: voxel rows are not unique");
   map->mode = options.mode;
   map->normalize = options.normalize;
   map->voxel_key = voxels->key();
@@ -293,10 +314,11 @@ Explanation explain_build_point_voxel_map(const Array& points,
 Array devoxelize_forward(const PointVoxelMap& map, const std::shared_ptr<CoordinateSet>& voxels,
                          const Array& voxel_feats, const RoutePolicy& policy) {
   check_map_voxels(kDevoxelize, map, voxels);
-  const std::int64_t c = check_feats(kDevoxelize, "feats", voxel_feats, map.n_voxels, "M");
+  const std::int64_t c =
+      check_feats(kDevoxelize, "feats", voxel_feats, map.n_voxels, "M", map.indices.device());
   const Array x = voxel_feats.contiguous();
   const auto& k = choose(devoxelize_problem(map, x, PointVoxelPass::forward), policy);
-  Array y = Array::empty({map.n_points, c}, x.dtype());
+  Array y = Array::empty({map.n_points, c}, x.dtype(), x.device());
   backend::DevoxelizeArgs a = devoxelize_args(map, x.dtype(), c);
   a.voxel_feats = x.raw_data();
   a.out = y.raw_data();
@@ -306,10 +328,11 @@ Array devoxelize_forward(const PointVoxelMap& map, const std::shared_ptr<Coordin
 
 Array devoxelize_backward(const PointVoxelMap& map, const Array& grad_out,
                           const RoutePolicy& policy) {
-  const std::int64_t c = check_feats(kDevoxelize, "grad_out", grad_out, map.n_points, "P");
+  const std::int64_t c =
+      check_feats(kDevoxelize, "grad_out", grad_out, map.n_points, "P", map.indices.device());
   const Array dy = grad_out.contiguous();
   const auto& k = choose(devoxelize_problem(map, dy, PointVoxelPass::backward), policy);
-  Array dv = Array::empty({map.n_voxels, c}, dy.dtype());
+  Array dv = Array::empty({map.n_voxels, c}, dy.dtype(), dy.device());
   backend::DevoxelizeArgs a = devoxelize_args(map, dy.dtype(), c);
   a.dy = dy.raw_data();
   a.dvoxel = dv.raw_data();

@@ -20,11 +20,24 @@ namespace {
 
 void check_input(std::string_view op, const std::shared_ptr<CoordinateSet>& x) {
   if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
-  if (!x->coords().device().is_cpu())
-    throw UnsupportedError("[" + std::string(op) +
-                           "] coords: expected cpu coordinates (pooling on " +
-                           to_string(x->coords().device()) + " comes with the CUDA backend), got " +
-                           to_string(x->coords().device()));
+}
+
+// The device edge builders for coordinates on `device` (UnsupportedError when this build has none).
+const backend::PoolEdgeKernels& edge_kernels(std::string_view op, Device device) {
+  const backend::PoolEdgeKernels* k = backend::find_pool_edge_kernels(device);
+  if (!k)
+    throw UnsupportedError("[" + std::string(op) + "] coords: expected coordinates on a device " +
+                           "this build supports, got " + to_string(device));
+  return *k;
+}
+
+// Stores an edge list built on the device into the plan.
+void set_device_edges(PoolPlan& plan, backend::PoolEdgeList&& edges) {
+  plan.n_out = edges.out_ptr.dim(0) - 1;
+  plan.n_edges = edges.in_idx.dim(0);
+  plan.out_ptr = std::move(edges.out_ptr);
+  plan.in_idx = std::move(edges.in_idx);
+  if (edges.weights.defined()) plan.weights = std::move(edges.weights);
 }
 
 PoolPlan plan_over_relation(std::string_view op, PoolMode mode, PoolEdges edges, RelationKind kind,
@@ -115,8 +128,7 @@ void check_features(const PoolPlan& plan, const Array& a, std::string_view arg, 
                       "shape (" + std::string(rows_name) + "=" + std::to_string(rows) + ", C)",
                       format_shape(a.shape()));
   if (a.device() != plan.input->coords().device())
-    throw_value_error(op, arg,
-                      "the device of coords (" + to_string(plan.input->coords().device()) + ")",
+    throw_value_error(op, arg, "a tensor on " + to_string(plan.input->coords().device()),
                       to_string(a.device()));
 }
 
@@ -131,6 +143,7 @@ backend::PoolArgs make_args(const PoolPlan& plan, Dtype dtype, std::int64_t chan
   args.out_ptr = plan.out_ptr.data<std::int64_t>();
   args.in_idx = plan.in_idx.data<std::int32_t>();
   args.weights = plan.weights.defined() ? plan.weights.data<double>() : nullptr;
+  args.device = plan.input->coords().device();
   return args;
 }
 
@@ -158,6 +171,26 @@ PoolPlan plan_global_pool(std::string_view op, PoolMode mode,
   check_input(op, x);
   PoolPlan plan = plan_base(op, mode, PoolEdges::batch, x, options);
   const std::int64_t n = x->size();
+  if (!x->coords().device().is_cpu()) {
+    backend::BatchEdgesArgs a;
+    a.n = n;
+    a.coords = x->coords().data<std::int32_t>();
+    a.batches =
+        x->batch_counts() ? static_cast<std::int64_t>(x->batch_counts()->size()) : std::int64_t{-1};
+    a.device = x->coords().device();
+    backend::PoolEdgeList edges = edge_kernels(op, a.device).batch_edges(a);
+    if (edges.negative_row >= 0)
+      throw_value_error(op, "coords", "batch ids >= 0 for global pooling",
+                        "batch id " + std::to_string(edges.negative_batch) + " at row " +
+                            std::to_string(edges.negative_row));
+    const std::int64_t batches = edges.out_ptr.dim(0) - 1;
+    if (mode == PoolMode::max && edges.first_empty >= 0)
+      throw_value_error(
+          op, "input", "at least one row in every batch (the max of an empty batch is undefined)",
+          "no rows in batch " + std::to_string(edges.first_empty) + " of " + std::to_string(batches));
+    set_device_edges(plan, std::move(edges));
+    return plan;
+  }
   const std::int32_t* rows = x->coords().data<std::int32_t>();
   std::int64_t batches = 0;
   if (x->batch_counts()) {
@@ -227,6 +260,21 @@ PoolPlan plan_trilinear_upsample(std::string_view op, const std::shared_ptr<Coor
   PoolPlan plan = plan_base(op, PoolMode::weighted, PoolEdges::trilinear, x, options);
   plan.output = fine;
   const CoordIndex& index = x->index(op);
+  if (!x->coords().device().is_cpu()) {
+    backend::TrilinearEdgesArgs a;
+    a.n_coarse = x->size();
+    a.n_fine = fine->size();
+    a.coarse = x->coords().data<std::int32_t>();
+    a.fine = fine->coords().data<std::int32_t>();
+    if (const backend::DeviceCoordTable* t = index.device_table(); t && t->slots.defined()) {
+      a.coarse_slots = t->slots.data<std::int32_t>();
+      a.coarse_mask = t->mask;
+    }
+    a.ratio = ratio;
+    a.device = x->coords().device();
+    set_device_edges(plan, edge_kernels(op, a.device).trilinear_edges(a));
+    return plan;
+  }
   const std::int64_t n_fine = fine->size();
   const std::int32_t* rows = fine->coords().data<std::int32_t>();
   std::vector<std::int64_t> out_ptr(static_cast<std::size_t>(n_fine + 1), 0);

@@ -44,6 +44,22 @@ Array checked_batch(std::string_view op, const Array* batch_indices, std::int64_
     throw_value_error(op, "batch_indices", "the device of points (" + to_string(device) + ")",
                       to_string(b.device()));
   const Array bc = b.contiguous();
+  if (!device.is_cpu()) {  // checked and narrowed on the device
+    const backend::PointIndexKernels* k = backend::find_point_index_kernels(device);
+    if (!k)
+      throw UnsupportedError("[" + std::string(op) + "] batch_indices: expected a device this " +
+                             "build supports, got " + to_string(device));
+    backend::BatchIdsArgs args;
+    args.n = n;
+    args.dtype = bc.dtype();
+    args.ids = bc.raw_data();
+    args.device = device;
+    backend::BatchIdsResult r = k->batch_ids(args);
+    if (r.bad_row >= 0)
+      throw_value_error(op, "batch_indices", "values in [0, 2^31)",
+                        std::to_string(r.bad_value) + " at row " + std::to_string(r.bad_row));
+    return std::move(r.batch);
+  }
   Array batch = Array::empty({n}, Dtype::i32);
   auto* dst = batch.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -104,6 +120,7 @@ QuantizeOutput detail::quantize_points(std::string_view op, const Array& points,
     args.origin[d] = options.origin[d];
   }
   args.drop_invalid = options.drop_invalid;
+  args.device = pts.device();
   backend::QuantizeResult r = fn(args);
   if (r.first_invalid >= 0)
     throw_value_error(

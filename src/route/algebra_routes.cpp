@@ -29,8 +29,20 @@ Verdict admit_algebra_reference(const AlgebraProblem& p, const DeviceCaps&) {
   return Verdict::ok();
 }
 
-constexpr std::array<RouteSpec<AlgebraProblem>, 2> kAlgebraRoutes{{
+// The CUDA route hashes the sets itself on the device (and checks them for repeated rows); its
+// device table holds fewer than 2^30 rows: both sets of an alignment, the table of a lookup.
+Verdict admit_algebra_cuda_hashed(const AlgebraProblem& p, const DeviceCaps& caps) {
+  if (auto v = route_detail::needs_cuda(p.device, caps); !v.admitted) return v;
+  if (is_combine(p.pass)) return needs_float(p.dtype);
+  constexpr std::int64_t kMaxTableRows = std::int64_t{1} << 30;
+  if (p.n_lhs >= kMaxTableRows || (p.pass == AlgebraPass::align && p.n_rhs >= kMaxTableRows))
+    return Verdict::no("hashes fewer than 2^30 rows per set on the device");
+  return Verdict::ok();
+}
+
+constexpr std::array<RouteSpec<AlgebraProblem>, 3> kAlgebraRoutes{{
     {RouteId::algebra_hashed, 0, admit_algebra_hashed},
+    {RouteId::algebra_cuda_hashed, 0, admit_algebra_cuda_hashed},
     {RouteId::algebra_reference, 9, admit_algebra_reference},
 }};
 

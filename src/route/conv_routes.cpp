@@ -7,6 +7,7 @@ namespace lattice {
 namespace {
 
 using route_detail::needs_cpu;
+using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
 
@@ -28,14 +29,34 @@ Verdict admit_conv_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& c
   return Verdict::ok();
 }
 
+// src/backend/cuda/conv/implicit_gemm_sm80.cu
+Verdict admit_conv_implicit_gemm_sm80(const ConvProblem& p, const DeviceCaps& caps) {
+  if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
+    return Verdict::no("needs float16 or bfloat16 (or float32 with allow_tf32), got " +
+                       std::string(to_string(p.dtype)));
+  if (p.dtype == Dtype::f32 && !p.allow_tf32)
+    return Verdict::no("float32 needs allow_tf32=True (tf32 tensor cores), got allow_tf32=False");
+  return needs_cuda(p.device, caps, GpuTier::tensor_core);
+}
+
+// src/backend/cuda/conv/gather_gemm_scatter.cu
+Verdict admit_conv_cuda_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& caps) {
+  if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
+    return Verdict::no("needs float16, bfloat16 or float32 (float64 convolutions run on cpu), got " +
+                       std::string(to_string(p.dtype)));
+  return needs_cuda(p.device, caps);
+}
+
 Verdict admit_conv_reference(const ConvProblem& p, const DeviceCaps&) {
   if (auto v = needs_cpu(p.device); !v.admitted) return v;
   return needs_float(p.dtype);
 }
 
-constexpr std::array<RouteSpec<ConvProblem>, 3> kConvRoutes{{
+constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
     {RouteId::conv_pointwise_matmul, 0, admit_conv_pointwise_matmul},
     {RouteId::conv_gather_gemm_scatter, 1, admit_conv_gather_gemm_scatter},
+    {RouteId::conv_implicit_gemm_sm80, 2, admit_conv_implicit_gemm_sm80},
+    {RouteId::conv_cuda_gather_gemm_scatter, 3, admit_conv_cuda_gather_gemm_scatter},
     {RouteId::conv_reference, 9, admit_conv_reference},
 }};
 

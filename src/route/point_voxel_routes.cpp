@@ -8,6 +8,7 @@ namespace lattice {
 namespace {
 
 using route_detail::needs_cpu;
+using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
 
@@ -21,6 +22,12 @@ Verdict needs_supported_dtype(const PointVoxelProblem& p) {
   return needs_float(p.dtype);
 }
 
+// src/backend/cuda/point_voxel/point_voxel.cu: every pass, the same dtypes as the CPU routes.
+Verdict admit_point_voxel_cuda(const PointVoxelProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  return needs_supported_dtype(p);
+}
+
 Verdict admit_point_voxel_parallel(const PointVoxelProblem& p, const DeviceCaps&) {
   if (auto v = needs_cpu(p.device); !v.admitted) return v;
   return needs_supported_dtype(p);
@@ -31,7 +38,8 @@ Verdict admit_point_voxel_reference(const PointVoxelProblem& p, const DeviceCaps
   return needs_supported_dtype(p);
 }
 
-constexpr std::array<RouteSpec<PointVoxelProblem>, 2> kPointVoxelRoutes{{
+constexpr std::array<RouteSpec<PointVoxelProblem>, 3> kPointVoxelRoutes{{
+    {RouteId::point_voxel_cuda, 0, admit_point_voxel_cuda},
     {RouteId::point_voxel_parallel, 1, admit_point_voxel_parallel},
     {RouteId::point_voxel_reference, 9, admit_point_voxel_reference},
 }};

@@ -7,6 +7,7 @@ namespace lattice {
 namespace {
 
 using route_detail::needs_cpu;
+using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
 
@@ -56,12 +57,19 @@ Verdict admit_pool_csr_reduce(const PoolProblem& p, const DeviceCaps&) {
   return needs_float(p.dtype);
 }
 
+// src/backend/cuda/pool/csr_reduce.cu: every mode, edge source and pass, any float dtype.
+Verdict admit_pool_cuda_csr_reduce(const PoolProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  return needs_float(p.dtype);
+}
+
 Verdict admit_pool_reference(const PoolProblem& p, const DeviceCaps&) {
   if (auto v = needs_cpu(p.device); !v.admitted) return v;
   return needs_float(p.dtype);
 }
 
-constexpr std::array<RouteSpec<PoolProblem>, 3> kPoolRoutes{{
+constexpr std::array<RouteSpec<PoolProblem>, 4> kPoolRoutes{{
+    {RouteId::pool_cuda_csr_reduce, 0, admit_pool_cuda_csr_reduce},
     {RouteId::pool_input_exclusive, 0, admit_pool_input_exclusive},
     {RouteId::pool_csr_reduce, 1, admit_pool_csr_reduce},
     {RouteId::pool_reference, 9, admit_pool_reference},

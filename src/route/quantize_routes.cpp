@@ -6,6 +6,7 @@ namespace lattice {
 namespace {
 
 using route_detail::needs_cpu;
+using route_detail::needs_cuda;
 using route_detail::RouteSpec;
 
 Verdict admit_quantize_reference(const QuantizeProblem& p, const DeviceCaps&) {
@@ -15,7 +16,16 @@ Verdict admit_quantize_reference(const QuantizeProblem& p, const DeviceCaps&) {
   return Verdict::ok();
 }
 
-constexpr std::array<RouteSpec<QuantizeProblem>, 1> kQuantizeRoutes{{
+// src/backend/cuda/point_voxel/quantize.cu: float32 / float64 points on a CUDA device.
+Verdict admit_quantize_cuda(const QuantizeProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  if (p.dtype != Dtype::f32 && p.dtype != Dtype::f64)
+    return Verdict::no("needs float32 or float64 points, got " + std::string(to_string(p.dtype)));
+  return Verdict::ok();
+}
+
+constexpr std::array<RouteSpec<QuantizeProblem>, 2> kQuantizeRoutes{{
+    {RouteId::quantize_cuda, 0, admit_quantize_cuda},
     {RouteId::quantize_reference, 9, admit_quantize_reference},
 }};
 

@@ -27,6 +27,8 @@ std::string_view to_string(RouteId id) {
     case RouteId::pool_cuda_csr_reduce: return "cuda_csr_reduce";
     case RouteId::algebra_cuda_hashed: return "cuda_hashed";
     case RouteId::coords_cuda: return "cuda";
+    case RouteId::quantized_dequant_reference: return "dequant_reference";
+    case RouteId::quantized_fused_dequant_gemm: return "fused_dequant_gemm";
   }
   return "unknown";
 }
@@ -52,6 +54,8 @@ std::string_view op_family(RouteId id) {
     case RouteId::algebra_cuda_hashed: return "algebra";
     case RouteId::coords_reference:
     case RouteId::coords_cuda: return "coords";
+    case RouteId::quantized_dequant_reference:
+    case RouteId::quantized_fused_dequant_gemm: return "quantized";
   }
   return "unknown";
 }
@@ -64,7 +68,8 @@ std::optional<RouteId> route_from_string(std::string_view family, std::string_vi
                      RouteId::algebra_reference, RouteId::algebra_hashed, RouteId::coords_reference,
                      RouteId::conv_cuda_gather_gemm_scatter, RouteId::conv_implicit_gemm_sm80,
                      RouteId::quantize_cuda, RouteId::point_voxel_cuda, RouteId::pool_cuda_csr_reduce,
-                     RouteId::algebra_cuda_hashed, RouteId::coords_cuda}) {
+                     RouteId::algebra_cuda_hashed, RouteId::coords_cuda,
+                     RouteId::quantized_dequant_reference, RouteId::quantized_fused_dequant_gemm}) {
     if (op_family(id) == family && to_string(id) == name) return id;
   }
   return std::nullopt;

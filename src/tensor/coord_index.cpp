@@ -40,13 +40,35 @@ std::uint64_t table_capacity(std::int64_t n, std::uint64_t minimum) {
 
 }  // namespace
 
+const backend::DeviceCoordKernels& device_coord_kernels(Device device, std::string_view op) {
+  const backend::DeviceCoordKernels* kernels = backend::find_device_coord_kernels(device);
+  if (!kernels) {
+    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (" + to_string(device) +
+                           " needs the CUDA backend), got " + to_string(device) + " (built without CUDA)");
+  }
+  return *kernels;
+}
+
 std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::string_view op) {
-  LATTICE_ASSERT(coords.device().is_cpu() && coords.dtype() == Dtype::i32 && coords.ndim() == 2 &&
-                     coords.dim(1) == 4 && coords.is_contiguous(),
-                 "CoordIndex::build needs contiguous (N, 4) int32 CPU coordinates");
+  LATTICE_ASSERT(coords.dtype() == Dtype::i32 && coords.ndim() == 2 && coords.dim(1) == 4 &&
+                     coords.is_contiguous(),
+                 "CoordIndex::build needs contiguous (N, 4) int32 coordinates");
   const std::int64_t n = coords.dim(0);
   if (n > geometry::kInt32Max) {
     throw_value_error(op, "coords", "fewer than 2^31 rows", std::to_string(n) + " rows");
+  }
+  if (!coords.device().is_cpu()) {
+    // Device table: each key keeps its smallest row, so the smallest row that repeats an earlier
+    // one and that earlier row are found exactly as by the sequential insertion below.
+    const backend::DeviceCoordKernels& kernels = device_coord_kernels(coords.device(), op);
+    auto index = std::make_shared<CoordIndex>();
+    index->coords_ = coords;
+    index->n_ = n;
+    index->on_device_ = true;
+    index->device_table_ = kernels.build_table(coords);
+    const backend::DuplicateRow dup = kernels.find_duplicate(coords, index->device_table_);
+    if (dup.row >= 0) throw_duplicate(op, dup.row, dup.value, dup.first);
+    return index;
   }
 
   auto index = std::make_shared<CoordIndex>();
@@ -73,6 +95,10 @@ std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::st
 }
 
 std::int64_t CoordIndex::find(const geometry::Coord4& c) const {
+  if (on_device_) [[unlikely]] {
+    throw UnsupportedError("[lookup] coords: expected a cpu coordinate index, got one on " +
+                           to_string(coords_.device()));
+  }
   std::uint64_t h = geometry::hash_coord(c) & mask_;
   while (true) {
     const Slot& slot = slots_[h];

@@ -21,9 +21,10 @@ void validate_coords(const Array& coords, std::string_view op) {
   if (!coords.defined()) {
     throw_value_error(op, "coords", "an (N, 4) int32 array", "an undefined array");
   }
-  if (!coords.device().is_cpu()) {
-    throw_value_error(op, "coords", "a CPU array", to_string(coords.device()));
+  if (!coords.device().is_cpu() && !coords.device().is_cuda()) {
+    throw_value_error(op, "coords", "a CPU or CUDA array", to_string(coords.device()));
   }
+  if (coords.device().is_cuda()) device_coord_kernels(coords.device(), op);  // built with CUDA
   if (coords.dtype() != Dtype::i32) {
     throw_type_error(op, "coords", "int32 coordinates", std::string(to_string(coords.dtype())));
   }
@@ -63,16 +64,24 @@ void validate_batch_counts(const Array& coords, const std::vector<std::int64_t>&
                       above_n ? std::string("a sum above N") : "sum " + std::to_string(total));
   }
 
+  auto throw_bad_batch = [&](std::int32_t b, std::int64_t r) {
+    throw_value_error(op, "coords",
+                      "batch ids in [0, " + std::to_string(n_batches) + ") (len(batch_counts))",
+                      "batch id " + std::to_string(b) + " at row " + std::to_string(r));
+  };
   std::vector<std::int64_t> seen(counts.size(), 0);
-  const std::int32_t* rows = coords.data<std::int32_t>();
-  for (std::int64_t r = 0; r < n; ++r) {
-    const std::int32_t b = rows[4 * r];
-    if (b < 0 || b >= n_batches) {
-      throw_value_error(op, "coords",
-                        "batch ids in [0, " + std::to_string(n_batches) + ") (len(batch_counts))",
-                        "batch id " + std::to_string(b) + " at row " + std::to_string(r));
+  if (coords.device().is_cuda()) {
+    // Counted on the device; the smallest row with a bad batch id is the one reported below.
+    backend::BatchHistogram h = device_coord_kernels(coords.device(), op).batch_histogram(coords, n_batches);
+    if (h.bad_row >= 0) throw_bad_batch(h.bad_batch, h.bad_row);
+    seen = std::move(h.counts);
+  } else {
+    const std::int32_t* rows = coords.data<std::int32_t>();
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int32_t b = rows[4 * r];
+      if (b < 0 || b >= n_batches) throw_bad_batch(b, r);
+      ++seen[b];
     }
-    ++seen[b];
   }
   for (std::int64_t b = 0; b < n_batches; ++b) {
     if (seen[b] != counts[b]) {

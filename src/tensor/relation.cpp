@@ -336,6 +336,104 @@ bool is_identity(const Relation& r) {
   return true;
 }
 
+// ---- coordinates on a CUDA device: the same rules, run by the backend's device kernels ----
+
+std::array<std::int64_t, 3> triple(const Triple64& v) { return {v[0], v[1], v[2]}; }
+
+Array generated_support_device(const backend::DeviceCoordKernels& kernels, const Array& coords,
+                               backend::SupportRule rule, const KernelSpec& spec, bool centered,
+                               const Triple64& s, const Triple64& p, std::string_view op) {
+  backend::DeviceSupportArgs args;
+  args.rule = rule;
+  args.coords = coords;
+  args.spec = spec;
+  args.centered = centered;
+  args.stride = triple(s);
+  args.padding = triple(p);
+  backend::DeviceSupportResult result = kernels.support(args);
+  if (result.overflow_row >= 0) throw_out_of_range(op, result.overflow_value, result.overflow_row);
+  return std::move(result.coords);
+}
+
+BuiltRelation build_relation_device(const CoordinateSet& input, const CoordIndex& input_index,
+                                    RelationKind kind, const KernelSpec& spec,
+                                    const CoordinateSet* target, std::string_view op, std::int64_t K,
+                                    const Triple64& s, const Triple64& p) {
+  const Device device = input.coords().device();
+  const backend::DeviceCoordKernels& kernels = device_coord_kernels(device, op);
+  const bool centered = uses_centered_offsets(kind);
+
+  Array generated_coords;
+  switch (kind) {
+    case RelationKind::submanifold:
+      break;
+    case RelationKind::forward:
+      if (spec.expand) {
+        generated_coords = generated_support_device(kernels, input.coords(), backend::SupportRule::expand,
+                                                    spec, centered, s, p, op);
+      } else if (s != Triple64{1, 1, 1}) {
+        generated_coords = generated_support_device(kernels, input.coords(),
+                                                    backend::SupportRule::downsample, spec, centered, s, p, op);
+      }
+      break;
+    case RelationKind::target:
+    case RelationKind::transposed_target:
+      target->index(op);  // rejects duplicate target rows
+      break;
+    case RelationKind::transposed:
+    case RelationKind::generative:
+      generated_coords = generated_support_device(kernels, input.coords(), backend::SupportRule::transposed,
+                                                  spec, centered, s, p, op);
+      break;
+  }
+
+  BuiltRelation built;
+  if (generated_coords.defined()) {
+    std::optional<std::vector<std::int64_t>> counts;
+    if (input.batch_counts()) {
+      counts = kernels.batch_histogram(generated_coords, static_cast<std::int64_t>(input.batch_counts()->size()))
+                   .counts;
+    }
+    built.generated = CoordinateSet::create(generated_coords, generated_stride(input, kind, spec, op),
+                                            std::move(counts), false, op);
+  }
+  const CoordinateSet& output = built.generated      ? *built.generated
+                                : needs_target(kind) ? *target
+                                                     : input;
+
+  auto r = std::make_shared<Relation>();
+  r->kind = kind;
+  r->spec = spec;
+  r->n_in = input.size();
+  r->n_out = output.size();
+  r->kernel_volume = K;
+
+  backend::DeviceEdgeArgs args;
+  args.input = input.coords();
+  args.input_table = input_index.device_table();
+  args.output = output.coords();
+  args.spec = spec;
+  args.centered = centered;
+  args.kernel_volume = K;
+  args.stride = triple(s);
+  args.padding = triple(p);
+  args.scatter = is_transposed_kind(kind);
+  backend::DeviceEdges edges = kernels.edges(args);
+  r->n_edges = edges.n_edges;
+  r->identity = edges.identity;
+  r->in_idx = std::move(edges.in_idx);
+  r->out_idx = std::move(edges.out_idx);
+  r->k_idx = std::move(edges.k_idx);
+  r->out_ptr = std::move(edges.out_ptr);
+  r->k_ptr = std::move(edges.k_ptr);
+  r->k_in = std::move(edges.k_in);
+  r->k_out = std::move(edges.k_out);
+  RelationBuilder::store_gemm_map(*r, std::move(edges.map));
+
+  built.relation = std::move(r);
+  return built;
+}
+
 }  // namespace
 
 BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, const KernelSpec& spec,
@@ -345,6 +443,11 @@ BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, cons
     throw_value_error(op, "target",
                       "a target coordinate set for a " + std::string(to_string(kind)) + " relation",
                       "none");
+  }
+  if (needs_target(kind) && target->coords().device() != input.coords().device()) {
+    throw_value_error(op, "coordinates",
+                      "the device of the input (" + to_string(input.coords().device()) + ")",
+                      to_string(target->coords().device()));
   }
   const CoordIndex& input_index = input.index(op);  // rejects duplicate input rows
   const std::int64_t n_in = input.size();
@@ -359,6 +462,9 @@ BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, cons
   const Triple64 s = strided ? widen(spec.stride) : Triple64{1, 1, 1};
   const Triple64 p =
       (strided && kind != RelationKind::generative) ? widen(spec.padding) : Triple64{0, 0, 0};
+  if (!input.coords().device().is_cpu()) {
+    return build_relation_device(input, input_index, kind, spec, target, op, K, s, p);
+  }
 
   // Output support: generated here, or the input / the target itself.
   Array generated_coords;
@@ -429,6 +535,10 @@ const Array& Relation::gemm_map() const {
 // Stored as int64 (the Array dtypes have no uint64); read the words as uint64 bit patterns.
 const Array& Relation::row_masks() const {
   std::call_once(masks_once_, [this] {
+    if (!out_ptr.device().is_cpu()) {
+      row_masks_ = device_coord_kernels(out_ptr.device(), "row_masks").row_masks(gemm_map());
+      return;
+    }
     const std::int64_t words = (kernel_volume + 63) / 64;
     Array masks = Array::zeros({n_out, words}, Dtype::i64);
     auto* bits = reinterpret_cast<std::uint64_t*>(masks.data<std::int64_t>());
@@ -446,6 +556,19 @@ const Array& Relation::row_masks() const {
 
 const Relation::InputGrouping& Relation::input_grouping() const {
   std::call_once(input_once_, [this] {
+    if (!out_ptr.device().is_cpu()) {
+      backend::DeviceInputGroupingArgs args;
+      args.n_in = n_in;
+      args.kernel_volume = kernel_volume;
+      args.n_edges = n_edges;
+      args.in_idx = in_idx;
+      args.out_idx = out_idx;
+      args.k_idx = k_idx;
+      backend::DeviceInputGrouping g =
+          device_coord_kernels(out_ptr.device(), "input_grouping").input_grouping(args);
+      input_grouping_ = InputGrouping{std::move(g.in_ptr), std::move(g.kt_in), std::move(g.kt_out)};
+      return;
+    }
     InputGrouping g;
     g.in_ptr = Array::zeros({n_in + 1}, Dtype::i64);
     g.kt_in = Array::empty({n_edges}, Dtype::i32);

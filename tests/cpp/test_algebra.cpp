@@ -186,8 +186,9 @@ TEST(AlgebraRoutes, HashedIsPreferredAndBothAdmitCpu) {
   const Explanation e = explain(p, caps);
   ASSERT_TRUE(e.chosen.has_value());
   EXPECT_EQ(*e.chosen, RouteId::algebra_hashed);
-  ASSERT_EQ(e.rows.size(), 2u);
-  EXPECT_TRUE(e.rows[1].verdict.admitted);
+  ASSERT_EQ(e.rows.size(), 3u);  // hashed, cuda_hashed (rejected: the data is on the CPU), reference
+  EXPECT_FALSE(e.row(RouteId::algebra_cuda_hashed)->verdict.admitted);
+  EXPECT_TRUE(e.row(RouteId::algebra_reference)->verdict.admitted);
   p.dtype = Dtype::i32;
   EXPECT_FALSE(explain(p, caps).chosen.has_value());  // combine needs a float dtype
   p.pass = AlgebraPass::align;

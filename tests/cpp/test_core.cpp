@@ -391,12 +391,25 @@ TEST(ArrayBasics, EmptyOnCudaWithoutARegisteredAllocatorRaisesUnsupportedError) 
   EXPECT_THROW(Array::zeros({4}, Dtype::f32, Device::cuda(1)), UnsupportedError);
 }
 
-TEST(ArrayBasics, CloneOfACudaArrayRaisesUnsupportedError) {
-  int fake = 0;  // never dereferenced
-  Array a = Array::wrap(&fake, {1}, {}, Dtype::i32, Device::cuda(0), nullptr);
+TEST(ArrayBasics, CloneOfAStridedCudaArrayRaisesUnsupportedError) {
+  int fake[4] = {};  // never dereferenced: the stride check comes first
+  Array a = Array::wrap(fake, {2}, {2}, Dtype::i32, Device::cuda(0), nullptr);
   EXPECT_TRUE(a.device().is_cuda());
   EXPECT_EQ(message_of<UnsupportedError>([&] { a.clone(); }),
-            "[Array] clone: expected a cpu array, got cuda:0");
+            "[Array] clone: expected a contiguous cuda:0 array, got strides (2,)");
+}
+
+TEST(ArrayBasics, CudaAllocationWorksOrRaisesUnsupportedError) {
+  // With a usable device the round trip is exact; without one (or without the CUDA backend)
+  // the error is UnsupportedError naming the device, never a raw CUDA failure.
+  try {
+    Array host = Array::from_vector<std::int32_t>({1, -2, 3});
+    Array back = host.to(Device::cuda(0)).clone().to(Device::cpu());
+    ASSERT_EQ(back.numel(), 3);
+    EXPECT_EQ(back.data<std::int32_t>()[1], -2);
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
 }
 
 // ---- DLPack -------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/kernel_table.h"
 #include "lattice/core/array.h"
 #include "lattice/core/error.h"
 #include "lattice/tensor/coordinate_set.h"
@@ -694,14 +695,20 @@ TEST(CoordinateSet, MakesNonContiguousCoordsContiguous) {
   EXPECT_EQ(x->lookup(0, 2, 4, 6), 1);
 }
 
-TEST(CoordinateSet, RejectsUndefinedAndNonCpuCoords) {
+TEST(CoordinateSet, RejectsUndefinedCoordsAndCudaCoordsWithoutCuda) {
   EXPECT_EQ(error_message<ValueError>([] { CoordinateSet::create(Array(), cube(1)); }),
             "[SparseTensor] coords: expected an (N, 4) int32 array, got an undefined array");
-  // Host memory labelled as a CUDA array (wrap never touches it): rejected before any access.
+  // Host memory labelled as a CUDA array (wrap never touches it, nor does create without
+  // validation): accepted by a CUDA build, rejected before any access otherwise.
   auto owner = std::make_shared<std::vector<std::int32_t>>(4, 0);
   const Array on_gpu = Array::wrap(owner->data(), {1, 4}, {}, Dtype::i32, Device::cuda(0), owner);
-  EXPECT_EQ(error_message<ValueError>([&] { CoordinateSet::create(on_gpu, cube(1)); }),
-            "[SparseTensor] coords: expected a CPU array, got cuda:0");
+  if (backend::device_caps().cuda.built) {
+    EXPECT_EQ(CoordinateSet::create(on_gpu, cube(1))->coords().device(), Device::cuda(0));
+  } else {
+    EXPECT_EQ(error_message<UnsupportedError>([&] { CoordinateSet::create(on_gpu, cube(1)); }),
+              "[SparseTensor] coords: expected cpu coordinates (cuda:0 needs the CUDA backend), got cuda:0 "
+              "(built without CUDA)");
+  }
 }
 
 TEST(CoordinateSet, RejectsWrongDtype) {

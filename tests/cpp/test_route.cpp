@@ -94,7 +94,10 @@ TEST(RouteConv, IdentityKernelOneChoosesPointwiseMatmul) {
 
 TEST(RouteConv, TableListsEveryConvRouteOnceInRankOrder) {
   const Explanation e = explain(subm3(), cpu_caps());
-  ASSERT_EQ(e.rows.size(), 3u);
+  ASSERT_EQ(e.rows.size(), 5u);  // the three CPU routes and the two CUDA routes
+  EXPECT_EQ(row_of(e, RouteId::conv_cuda_gather_gemm_scatter).verdict.reason, "runs on cuda; the data is on cpu");
+  EXPECT_EQ(row_of(e, RouteId::conv_implicit_gemm_sm80).verdict.reason,
+            "float32 needs allow_tf32=True (tf32 tensor cores), got allow_tf32=False");
   for (std::size_t i = 1; i < e.rows.size(); ++i) EXPECT_LT(e.rows[i - 1].rank, e.rows[i].rank);
   for (RouteId id : kConvRoutes) EXPECT_EQ(op_family(row_of(e, id).id), "conv");
   EXPECT_EQ(e.row(RouteId::quantize_reference), nullptr);
@@ -156,22 +159,31 @@ TEST(RouteConv, WithoutBlasTheReferenceRuns) {
   EXPECT_EQ(explain(pointwise(), cpu_caps("")).chosen, RouteId::conv_pointwise_matmul);
 }
 
-TEST(RouteConv, CudaDataOnSimulatedGpusAdmitsNothingAndEveryReasonNamesCpu) {
+TEST(RouteConv, CudaDataOnSimulatedGpusSkipsEveryCpuRouteAndEveryReasonNamesCpu) {
   for (int sm : {75, 80, 90}) {
     for (ConvProblem p : {subm3(), pointwise()}) {
       p.device = Device::cuda(0);
       const Explanation e = explain(p, gpu_caps(sm));
-      EXPECT_FALSE(e.chosen.has_value()) << "sm " << sm;
-      EXPECT_FALSE(select(p, gpu_caps(sm)).has_value());
-      ASSERT_EQ(e.rows.size(), 3u);
+      // f32 without allow_tf32: the cuBLAS route on every tier (implicit GEMM needs tf32 for f32).
+      EXPECT_EQ(e.chosen, RouteId::conv_cuda_gather_gemm_scatter) << "sm " << sm;
+      EXPECT_EQ(select(p, gpu_caps(sm)), e.chosen);
+      ASSERT_EQ(e.rows.size(), 5u);
+      EXPECT_FALSE(row_of(e, RouteId::conv_implicit_gemm_sm80).verdict.admitted);
+      p.dtype = Dtype::f16;
+      EXPECT_EQ(explain(p, gpu_caps(sm)).chosen,
+                sm >= 80 ? RouteId::conv_implicit_gemm_sm80 : RouteId::conv_cuda_gather_gemm_scatter);
+      p.dtype = Dtype::f64;
+      const Explanation f64 = explain(p, gpu_caps(sm));
+      EXPECT_FALSE(f64.chosen.has_value());
+      EXPECT_TRUE(contains(f64.to_string(), "no route admitted")) << f64.to_string();
       for (const RouteRow& r : e.rows) {
+        if (r.id == RouteId::conv_implicit_gemm_sm80 || r.id == RouteId::conv_cuda_gather_gemm_scatter) continue;
         EXPECT_FALSE(r.verdict.admitted) << to_string(r.id);
         EXPECT_TRUE(contains(r.verdict.reason, "cpu"))
             << to_string(r.id) << ": " << r.verdict.reason;
         EXPECT_TRUE(contains(r.verdict.reason, "cuda:0")) << r.verdict.reason;
       }
       EXPECT_TRUE(contains(e.caps, "sm_" + std::to_string(sm))) << e.caps;
-      EXPECT_TRUE(contains(e.to_string(), "no route admitted")) << e.to_string();
     }
   }
 }
@@ -375,7 +387,8 @@ TEST(RouteQuantize, Float32And64PointsOnCpuUseTheReference) {
     const Explanation e = explain(p, cpu_caps());
     EXPECT_EQ(e.chosen, RouteId::quantize_reference) << to_string(d);
     EXPECT_EQ(select(p, cpu_caps()), e.chosen);
-    ASSERT_EQ(e.rows.size(), 1u);
+    ASSERT_EQ(e.rows.size(), 2u);  // reference, and cuda (rejected: the data is on cpu)
+    EXPECT_EQ(e.row(RouteId::quantize_cuda)->verdict.reason, "runs on cuda; the data is on cpu");
     EXPECT_EQ(e.op, "sparse_quantize");
     EXPECT_TRUE(contains(e.problem, "123389 points")) << e.problem;
   }
@@ -389,8 +402,13 @@ TEST(RouteQuantize, OtherDtypesAndDevicesAreRejectedWithReasons) {
             "needs float32 or float64 points, got float16");
   p = QuantizeProblem{.dtype = Dtype::f32, .device = Device::cuda(0), .n_points = 10};
   e = explain(p, gpu_caps(90));
-  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_EQ(e.chosen, RouteId::quantize_cuda);  // src/backend/cuda/point_voxel/quantize.cu
   EXPECT_TRUE(contains(row_of(e, RouteId::quantize_reference).verdict.reason, "cpu"));
+  p.dtype = Dtype::f16;
+  e = explain(p, gpu_caps(90));
+  EXPECT_FALSE(e.chosen.has_value());
+  EXPECT_EQ(row_of(e, RouteId::quantize_cuda).verdict.reason,
+            "needs float32 or float64 points, got float16");
 }
 
 TEST(RouteQuantize, ForcedRoutes) {

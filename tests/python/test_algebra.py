@@ -304,7 +304,8 @@ def test_hashed_route_is_bitwise_equal_to_reference_on_large_inputs_for_any_thre
 def test_explain_lists_both_routes_and_names_the_join(rng):
     a, b = _pair(rng)
     e = lattice.explain("sparse_mul", a, b)
-    assert e.chosen == "hashed" and [r["route"] for r in e.rows] == ["hashed", "reference"]
+    assert e.chosen == "hashed" and [r["route"] for r in e.rows] == ["hashed", "cuda_hashed", "reference"]
+    assert not e.rows[1]["admitted"] and "cuda" in e.rows[1]["reason"]  # the data is on the CPU
     assert e.problem.startswith("sparse_mul align (inner join)")
     e = lattice.explain("sparse_add", a, b, join="left", pass_="backward")
     assert e.problem.startswith("sparse_add backward (add)") and e.chosen == "hashed"

@@ -483,9 +483,11 @@ def test_input_exclusive_admitted_for_disjoint_windows_and_explained(rng):
 
 def test_pool_route_table_rejects_cuda_data_and_integer_dtypes():
     e = core.explain_pool_problem({"device": "cuda:0"})
-    assert e.chosen is None and all("runs on cpu" in r["reason"] for r in e.rows)
+    assert e.chosen in (None, "cuda_csr_reduce")  # the cuda route where this build has a device
+    assert all("runs on cpu" in r["reason"] for r in e.rows if r["route"] != "cuda_csr_reduce")
     e = core.explain_pool_problem({"dtype": "int32", "pass": "input_grad", "edges": "batch"})
-    assert e.chosen is None and all("float dtype" in r["reason"] for r in e.rows)
+    cpu_rows = [r for r in e.rows if r["route"] != "cuda_csr_reduce"]
+    assert e.chosen is None and all("float dtype" in r["reason"] for r in cpu_rows)
     e = core.explain_pool_problem({"pass": "input_grad", "kernel_size": 3, "stride": 3})
     assert e.chosen == "input_exclusive"
 

@@ -193,6 +193,9 @@ BASE = dict(op="subm_conv3d", relation="submanifold", dtype="float32", device="c
             c_in=32, c_out=32, n_edges=8000)
 
 
+CUDA_CONV_ROUTES = ("implicit_gemm_sm80", "cuda_gather_gemm_scatter")
+
+
 def _rows(e):
     return {r["route"]: r for r in e.rows}
 
@@ -200,7 +203,12 @@ def _rows(e):
 def test_route_table_kernel_volume1_identity_chooses_pointwise_matmul():
     e = core.explain_conv_problem(dict(BASE, kernel_volume=1, n_edges=1000, identity_relation=True), {"blas": "openblas"})
     assert e.chosen == "pointwise_matmul"
-    assert all(r["admitted"] for r in e.rows)
+    assert all(r["admitted"] for r in e.rows if r["route"] not in CUDA_CONV_ROUTES)
+    assert _rows(e)["cuda_gather_gemm_scatter"]["reason"] == "runs on cuda; the data is on cpu"
+    assert "allow_tf32" in _rows(e)["implicit_gemm_sm80"]["reason"]
+    half = core.explain_conv_problem(dict(BASE, kernel_volume=1, n_edges=1000, identity_relation=True, dtype="float16"),
+                                     {"blas": "openblas"})
+    assert _rows(half)["implicit_gemm_sm80"]["reason"] == "runs on cuda; the data is on cpu"
 
 
 def test_route_table_kernel_volume1_non_identity_rejects_pointwise():
@@ -228,12 +236,22 @@ def test_route_table_without_blas_chooses_reference():
 @pytest.mark.parametrize("sm, tier", [(90, "hopper"), (80, "tensor_core"), (75, "classic")])
 def test_route_table_cuda_problem_admits_no_cpu_route_and_every_reason_mentions_cpu(sm, tier):
     e = core.explain_conv_problem(dict(BASE, kernel_volume=27, device="cuda:0"), {"sm": sm, "cuda_built": True})
-    assert e.chosen is None
+    # float32 without allow_tf32: the cuBLAS route (implicit GEMM takes float32 only with tf32).
+    assert e.chosen == "cuda_gather_gemm_scatter"
     assert e.rows, "empty route table"
     for r in e.rows:
+        if r["route"] in CUDA_CONV_ROUTES:
+            continue
         assert not r["admitted"]
         assert "cpu" in r["reason"], r
-    assert "no route admitted" in str(e)
+    assert not _rows(e)["implicit_gemm_sm80"]["admitted"]
+    half = core.explain_conv_problem(dict(BASE, kernel_volume=27, device="cuda:0", dtype="float16"),
+                                     {"sm": sm, "cuda_built": True})
+    assert half.chosen == ("implicit_gemm_sm80" if sm >= 80 else "cuda_gather_gemm_scatter")
+    f64 = core.explain_conv_problem(dict(BASE, kernel_volume=27, device="cuda:0", dtype="float64"),
+                                    {"sm": sm, "cuda_built": True})
+    assert f64.chosen is None
+    assert "no route admitted" in str(f64)
     assert tier in e.caps or str(sm) in e.caps
 
 

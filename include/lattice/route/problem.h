@@ -30,6 +30,27 @@ struct ConvProblem {
 };
 std::string to_string(const ConvProblem& problem);
 
+// Packed affine int4/int8 weights (SEMANTICS.md "Packed affine quantization"): the forward pass
+// of linear or a convolution whose weight is a QuantizedWeight. Inference only (no backward).
+struct QuantizedProblem {
+  std::string op = "linear";  // linear, conv3d, subm_conv3d, conv_transpose3d, ...
+  bool has_relation = false;  // false for linear: every row times W, no relation
+  RelationKind relation = RelationKind::submanifold;  // convolutions only
+  Dtype dtype = Dtype::f32;        // activations
+  Dtype scale_dtype = Dtype::f32;  // scales / biases of the packed weight
+  Device device;
+  int bits = 4;
+  int group_size = 64;
+  std::int64_t n_in = 0;
+  std::int64_t n_out = 0;
+  std::int64_t c_in = 0;
+  std::int64_t c_out = 0;
+  std::int64_t kernel_volume = 1;
+  std::int64_t n_edges = 0;
+  bool identity_relation = false;  // linear, or a 1x1x1 conv whose edges are (i, i, 0)
+};
+std::string to_string(const QuantizedProblem& problem);
+
 // Point -> voxel quantization (sparse_quantize).
 struct QuantizeProblem {
   std::string op = "sparse_quantize";

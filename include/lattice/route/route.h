@@ -35,6 +35,9 @@ enum class RouteId {
   pool_cuda_csr_reduce,           // src/backend/cuda/pool/csr_reduce.cu
   algebra_cuda_hashed,            // src/backend/cuda/algebra/hashed.cu
   coords_cuda,                    // src/backend/cuda/coords/utilities.cu
+  // Packed affine weights (family "quantized").
+  quantized_dequant_reference,     // src/backend/cpu/quantized/dequant_reference.cpp
+  quantized_fused_dequant_gemm,   // src/backend/cpu/quantized/fused_dequant_gemm.cpp
 };
 // Public route names drop the op prefix: "reference", "pointwise_matmul", ...
 std::string_view to_string(RouteId id);
@@ -82,6 +85,8 @@ Explanation explain(const PoolProblem& problem, const DeviceCaps& caps, const Ro
 Explanation explain(const AlgebraProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 
 template <class Problem>

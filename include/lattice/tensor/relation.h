@@ -1,6 +1,6 @@
 // Relations (SEMANTICS.md "Relations"): who sends to whom, as an edge list plus the views the
-// kernels need. All arrays live on the CPU in this build (CUDA copies come with the CUDA
-// backend). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
+// kernels need. All arrays live on the device of the input coordinates (built there, bitwise
+// equal to the CPU build). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
 #pragma once
 
 #include <cstdint>

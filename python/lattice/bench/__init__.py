@@ -2,6 +2,7 @@
 
     python -m lattice.bench --preset smoke                  # seconds; what CI runs
     python -m lattice.bench --preset standard               # the CPU anchor rows + MinkUNet42 batch 1
+    python -m lattice.bench --device cuda                   # the GPU rows (= --preset gpu), minutes
     python -m lattice.bench --device cuda --preset full     # everything
     python -m lattice.bench --compare A.json B.json         # per-case ratios between two runs
 
@@ -45,10 +46,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         prog="python -m lattice.bench",
         description="lattice benchmark suite: public input shapes, map vs compute, cold vs hot, roofline columns.",
     )
-    p.add_argument("--preset", choices=("smoke", "standard", "full"), default="smoke",
+    p.add_argument("--preset", choices=("smoke", "standard", "full", "gpu"), default=None,
                    help="smoke: seconds, CI; standard: the anchor rows of this device + MinkUNet42 batch 1; "
-                        "full: everything (default: smoke)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+                        "full: everything; gpu: the GPU machine's rows in a few minutes (kitti subm3 "
+                        "C=32/64/128, k2 s2, MinkUNet42; implies --device cuda) (default: smoke, or gpu with --device cuda)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="cpu (default) or cuda")
     p.add_argument("--dtype", default=None,
                    help="float32 | float16 | bfloat16 | float64 (default: float32 on cpu, float16 on cuda)")
     p.add_argument("--size", type=_size_list, default=None, metavar="N[,N...]",
@@ -60,13 +62,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="run only cases whose name contains TEXT or matches it as a regex")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed repeats per measurement (at least 5 on cpu, 20 on cuda)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls before each measurement (default 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls before each measurement (default 1 on cpu, 3 on cuda)")
     p.add_argument("--output", default="bench_out", help="folder for results.json/.txt and PNGs (default bench_out/)")
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
     p.add_argument("--seed", type=int, default=0, help="seed of the random features and weights")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                    help="print per-case B/A time ratios between two results.json files and exit")
     args = p.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if args.preset == "gpu" else "cpu"
+    if args.preset is None:
+        args.preset = "gpu" if args.device == "cuda" else "smoke"
+    if args.preset == "gpu" and args.device != "cuda":
+        p.error("--preset gpu: runs on --device cuda only")
+    if args.warmup is None:
+        args.warmup = 3 if args.device == "cuda" else 1
     if args.dtype is None:
         args.dtype = "float16" if args.device == "cuda" else "float32"
     args.dtype = _DTYPE_ALIASES.get(args.dtype, args.dtype)
@@ -172,6 +183,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for c in _cases.build_cases(sel):
             _say(c.name)
         return 0
+    if args.device == "cuda" and args.preset == "gpu":
+        reason = _cases.cuda_unavailable_reason()
+        if reason:  # the GPU preset has nothing to do without a GPU: say why and fail (no traceback)
+            print(f"lattice.bench: --preset gpu needs a CUDA device: {reason}", file=sys.stderr, flush=True)
+            return 2
     doc = run_suite(args)
     return 1 if any(r["status"] == "error" for r in doc["results"]) else 0
 

@@ -2,7 +2,8 @@
 
 Groups (BENCHMARKS.md "Axes"): ``conv`` (submanifold k3, forward k2 s2 and k3 s2, transposed k2 s2
 onto a target, generative k2 s2, pointwise k1), ``relations`` (coordinate index and map building
-alone), ``pooling`` (max k2 s2, avg k3 s2, global avg, unpool k2 s2 onto the skip), ``point_voxel`` (sparse_quantize), ``networks`` (MinkUNet42).
+alone), ``pooling`` (max k2 s2, avg k3 s2, global avg, unpool k2 s2 onto the skip), ``point_voxel`` (sparse_quantize), ``networks`` (MinkUNet42),
+``quantized`` (packed int4 / int8 weights vs f32 / f16: a subm3 conv and MinkUNet42 inference).
 
 A case is labelled by public shape — group / operation geometry / workload / channels — and records
 the route that ran beside its numbers. Dtype and device are properties of the run, not of the name,
@@ -175,7 +176,7 @@ class _ConvSetup:
         self.fine = fine
         if geom.coarse_input:
             probe = SparseTensor(fine, torch.empty(fine.shape[0], 0, device=dev))
-            pw = torch.empty(1, 2, 2, 2, 1)
+            pw = torch.empty(1, 2, 2, 2, 1, device=dev)
             p = ops.conv.plan("conv3d", "forward", probe, pw, kernel_size=2, stride=2)
             self.in_coords, self.in_stride = from_core(p.output.coords()).clone(), 2
         else:
@@ -703,6 +704,124 @@ def network_case(workload: str, batch: int) -> Case:
     return Case(name, "networks", run, workload)
 
 
+# -- quantized: packed int4 / int8 weights vs float (issue 7) ------------------------------------------
+
+QUANT_FORMATS = ("f32", "f16", "int8", "int4")
+
+
+def _max_rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |y - ref| / max |ref| (float32 comparison)."""
+    ref = ref.float()
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    return float((y.float() - ref).abs().max()) / scale if scale > 0 else 0.0
+
+
+def calibrate_batchnorm(model: torch.nn.Module, x: SparseTensor) -> None:
+    """Sets every BatchNorm's running statistics to those of one forward over ``x`` (a random-init
+    network otherwise shrinks its activations layer after layer, and output errors say little)."""
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    saved = [b.momentum for b in bns]
+    for b in bns:
+        b.reset_running_stats()
+        b.momentum = None  # cumulative average: one batch gives exactly its statistics
+    was_training = model.training
+    model.train()
+    with torch.no_grad():
+        model(x)
+    model.train(was_training)
+    for b, m in zip(bns, saved):
+        b.momentum = m
+
+
+def quantized_conv_case(workload: str, channels: int) -> Case:
+    """subm3 forward with f32 / f16 / int8 / int4 weights (int: f32 activations, packed weight,
+    the quantized route table): weight bytes, hot time and max relative error vs the f32 op."""
+    name = f"quantized/subm3/{workload}/C{channels}"
+
+    def run(ctx: Context) -> dict:
+        if ctx.device != "cpu":
+            raise CaseSkipped("the quantized routes run on CPU in this build")
+        coords = torch.from_numpy(np.array(workloads.coords(workload)))
+        feats = torch.randn(coords.shape[0], channels, generator=ctx.generator(21))
+        w = torch.randn(channels, 3, 3, 3, channels, generator=ctx.generator(22)) / math.sqrt(27 * channels)
+        x32 = SparseTensor(coords, feats)
+        x16 = x32.replace_feats(feats.half())
+        ref = ops.subm_conv3d(x32, w).feats
+        p = ops.conv.plan("subm_conv3d", "submanifold", x32, w, kernel_size=3)
+        res: dict[str, Any] = {"op": "subm_conv3d", "kernel_size": 3, "c_in": channels, "c_out": channels,
+                               **_relation_fields(p)}
+        args = {"f32": (x32, w), "f16": (x16, w.half()),
+                "int8": (x32, lattice.quantize_weight(w, bits=8)), "int4": (x32, lattice.quantize_weight(w, bits=4))}
+        timings: dict[str, dict] = {}
+        formats: dict[str, dict] = {}
+        routes: dict[str, Any] = {}
+        for fmt, (x, wt) in args.items():
+            nbytes = wt.nbytes() if isinstance(wt, lattice.QuantizedWeight) else wt.numel() * wt.element_size()
+            with torch.no_grad():
+                y = ops.subm_conv3d(x, wt)
+                timings[fmt] = ctx.time(lambda _, x=x, wt=wt: ops.subm_conv3d(x, wt))
+            routes[fmt] = lattice.explain("subm_conv3d", x, wt).chosen
+            formats[fmt] = {"weight_bytes": nbytes, "max_rel_err": _max_rel_err(y.feats, ref), "route": routes[fmt]}
+        res.update({"timings": timings, "formats": formats, "routes": routes, "route": routes["int4"],
+                    "workload_source": workloads.source(workload),
+                    "note": "max_rel_err = max|y - y_f32| / max|y_f32|; int formats: f32 activations"})
+        return res
+
+    return Case(name, "quantized", run, workload)
+
+
+def quantized_network_case(workload: str) -> Case:
+    """MinkUNet42 inference (batch 1, fresh SparseTensor per call) with f32 / f16 weights and with
+    ``lattice.nn.quantize(model, bits=8 / 4)`` (f32 activations): weight bytes, time, max relative
+    error of the output logits vs the f32 model (BatchNorm statistics calibrated on the input)."""
+    name = f"quantized/minkunet42/{workload}/b1"
+
+    def run(ctx: Context) -> dict:
+        import copy
+
+        if ctx.device != "cpu":
+            raise CaseSkipped("the quantized routes run on CPU in this build")
+        coords = torch.from_numpy(np.array(workloads.coords(workload)))
+        n = coords.shape[0]
+        torch.manual_seed(ctx.seed)
+        model = MinkUNet42()
+        feats = torch.randn(n, 4, generator=ctx.generator(11))
+        calibrate_batchnorm(model, SparseTensor(coords, feats))
+        model.eval()
+        layers = record_conv_layers(model, SparseTensor(coords, feats))
+        models = {"f32": (model, feats), "f16": (copy.deepcopy(model).half(), feats.half()),
+                  "int8": (lnn.quantize(copy.deepcopy(model), bits=8), feats),
+                  "int4": (lnn.quantize(copy.deepcopy(model), bits=4), feats)}
+        timings: dict[str, dict] = {}
+        formats: dict[str, dict] = {}
+        with torch.no_grad():
+            ref = model(SparseTensor(coords, feats)).feats
+            for fmt, (m, f) in models.items():
+                stem_w = m.stem[1].conv.weight
+                stem_w = stem_w.detach() if isinstance(stem_w, torch.Tensor) else stem_w
+                formats[fmt] = {"weight_bytes": lnn.weight_bytes(m), "weight_bytes_report": lnn.weight_bytes_report(m),
+                                "max_rel_err": None,
+                                "route": lattice.explain("subm_conv3d", SparseTensor(coords, torch.zeros(n, 32, dtype=f.dtype)),
+                                                         stem_w, kernel_size=3).chosen}
+                try:
+                    y = m(SparseTensor(coords, f)).feats
+                except RuntimeError as exc:  # e.g. torch 1.13 has no float16 batch_norm on CPU
+                    formats[fmt]["not_run"] = str(exc)
+                    continue
+                timings[fmt] = ctx.time(lambda x, m=m: m(x), setup=lambda f=f: SparseTensor(coords, f))
+                formats[fmt]["max_rel_err"] = _max_rel_err(y, ref)
+        route = formats["int4"]["route"]  # of the stem's second conv (32 -> 32); every layer's table is the same
+        pairs = sum(r["pairs"] for r in layers)
+        rows_out = sum(r["n_out"] for r in layers)
+        return {"op": "MinkUNet42", "batch": 1, "n_in": n, "n_out": n, "pairs": pairs,
+                "avg_offsets": pairs / rows_out if rows_out else 0.0, "route": route,
+                "conv_layers": len(layers), "timings": timings, "formats": formats,
+                "workload_source": workloads.source(workload),
+                "note": "max_rel_err = max|y - y_f32| / max|y_f32| of the logits; maps rebuilt every call"}
+
+    return Case(name, "quantized", run, workload)
+
+
 # -- presets ----------------------------------------------------------------------------------------
 
 CONV_TAGS = ("subm3", "k2s2", "k3s2", "tr_k2s2", "gen_k2s2", "pw")
@@ -751,6 +870,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         specs += [("pool", t, "grid_20k", 16) for t in POOL_TAGS]
         specs += [("algebra", t, "grid_20k", 16) for t in ALGEBRA_TAGS]
         specs.append(("network", "lidar_tiny", 1))  # small: smoke checks the network runs, not its speed
+        specs.append(("quantized_conv", "grid_20k", 32))  # the network comparison is in standard / full
     elif sel.preset == "standard":
         table = anchors.GPU if cuda else anchors.CPU
         rows = list(table["conv"].keys())
@@ -765,6 +885,16 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         specs.append(("network", _network_workloads(1), 1))
         if cuda:
             specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
+        if not cuda:
+            specs += [("quantized_conv", _network_workloads(1), 64), ("quantized_network", _network_workloads(1))]
+    elif sel.preset == "gpu":
+        # the issue-6 rows (minutes on the GPU machine): kitti subm3 C=32/64/128 (hot, cold, fwd+bwd)
+        # and k2 s2 cold, MinkUNet42 batch 1 inference and training step; next to the GPU anchors
+        wl = _network_workloads(1)
+        for c in (32, 64, 128):
+            specs.append(("conv", "subm3", wl, c))
+        specs.append(("conv", "k2s2", wl, 64))
+        specs.append(("network", wl, 1))
     elif sel.preset == "full":
         chans = (32, 64, 128) if cuda else (32, 64)
         for wl in workloads.ANCHOR_WORKLOADS:
@@ -783,8 +913,11 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         for b in (1, 2):
             specs.append(("network", _network_workloads(b), b))
         specs += [("network", "lidar", 1), ("network", "lidar_x2", 2)]
+        if not cuda:
+            specs += [("quantized_conv", _network_workloads(1), c) for c in (32, 64, 128)]
+            specs.append(("quantized_network", _network_workloads(1)))
     else:
-        raise ValueError(f"[bench] preset: expected smoke, standard or full, got {sel.preset!r}")
+        raise ValueError(f"[bench] preset: expected smoke, standard, full or gpu, got {sel.preset!r}")
     return specs
 
 
@@ -820,6 +953,13 @@ def build_cases(sel: Selection) -> list[Case]:
                     cases.setdefault(cs.name, cs)
         elif kind == "network":
             cs = network_case(spec[1], spec[2])
+            cases.setdefault(cs.name, cs)
+        elif kind == "quantized_conv":
+            for ch in (sel.channels or [spec[2]]):
+                cs = quantized_conv_case(spec[1], ch)
+                cases.setdefault(cs.name, cs)
+        elif kind == "quantized_network":
+            cs = quantized_network_case(spec[1])
             cases.setdefault(cs.name, cs)
     out = list(cases.values())
     if sel.case_filter:

@@ -34,7 +34,7 @@ SCHEMA = 1
 
 # The timing shown in the chart for each group (the case's headline number).
 PRIMARY = {"conv": "hot", "relations": "map_cold", "point_voxel": "quantize", "networks": "inference",
-           "pooling": "hot", "algebra": "op"}
+           "pooling": "hot", "algebra": "op", "quantized": "int4"}
 
 
 # -- environment ------------------------------------------------------------------------------------
@@ -256,6 +256,18 @@ def format_tables(doc: dict, with_layers: bool = False) -> str:
                 parts.append(f"\n{r['name']}: conv layers")
                 parts.append(_table(["layer", "op", "route", "C", "kernel", "N_in", "N_out", "pairs", "avg"], lrows,
                                     left=(0, 1, 2)))
+    quant = [r for r in ok if r["group"] == "quantized"]
+    if quant:
+        rows = []
+        for r in quant:
+            for fmt, f in r.get("formats", {}).items():
+                rows.append([r["name"], fmt, str(f.get("route") or r.get("route")), _num(r["n_in"]),
+                             f"{f['weight_bytes'] / 1e6:.3f}", _ms(r["timings"].get(fmt)),
+                             _ms(r["timings"].get(fmt), "p95_ms"),
+                             "-" if f.get("max_rel_err") is None else f"{f['max_rel_err']:.2e}"])
+        parts.append("\nquantized weights (ms; weight MB; err = max|y - y_f32| / max|y_f32|)")
+        parts.append(_table(["case", "weights", "route", "N", "weight MB", "ms", "p95", "max rel err"], rows,
+                            left=(0, 1, 2)))
     other = [r for r in results if r.get("status") != "ok"]
     skipped = doc.get("skipped_groups") or {}
     if other or skipped:

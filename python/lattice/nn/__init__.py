@@ -32,3 +32,16 @@ __all__ += ["MaxPool3d", "AvgPool3d", "SumPool3d", "GlobalAvgPool", "GlobalMaxPo
             "TrilinearUpsample3d"]
 __all__ += ["SyncBatchNorm", "convert_sync_batchnorm", "LayerNorm", "RMSNorm", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
             "Tanh", "Softplus", "Dropout"]
+from .quantized import (  # packed int4/int8 inference modules (issue 7)
+    QuantizedConv3d,
+    QuantizedConvTranspose3d,
+    QuantizedGenerativeConvTranspose3d,
+    QuantizedLinear,
+    QuantizedSubmConv3d,
+    quantize,
+    weight_bytes,
+    weight_bytes_report,
+)
+
+__all__ += ["QuantizedLinear", "QuantizedConv3d", "QuantizedSubmConv3d", "QuantizedConvTranspose3d",
+            "QuantizedGenerativeConvTranspose3d", "quantize", "weight_bytes", "weight_bytes_report"]

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from .._device import check_device
 from ..ops import features as ops
 from ..tensor import SparseTensor
 
@@ -44,7 +45,9 @@ def _needs_sync(bn: torch.nn.SyncBatchNorm) -> bool:
     return torch.distributed.get_world_size(group) > 1
 
 
-def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> torch.Tensor:
+def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
+    for what in ("weight", "bias", "running_mean", "running_var"):
+        check_device(op, what, getattr(bn, what, None), feats.device)
     if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda and not _needs_sync(bn):
         # Plain batch norm with the SyncBatchNorm's own parameters and buffers (torch >= 2 falls
         # back the same way; torch 1.x would raise "expected input tensor to be on GPU").
@@ -69,7 +72,7 @@ class BatchNorm(torch.nn.Module):
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         _check(type(self).__name__, x)
-        return x.replace_feats(_run_batch_norm(self.bn, x.feats))
+        return x.replace_feats(_run_batch_norm(self.bn, x.feats, type(self).__name__))
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any, **kwargs: Any) -> None:
         # Checkpoints written when BatchNorm was a BatchNorm1d subclass name the entries without

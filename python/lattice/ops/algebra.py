@@ -33,6 +33,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._core import core, from_core, to_core
+from .._device import check_device
 from ..tensor import SparseTensor
 
 JOINS = ("inner", "left", "right", "outer")
@@ -120,6 +121,7 @@ def _apply(op: str, lhs: Any, rhs: Any, join: Any, fill: Any, route: Any) -> Spa
     j = _check_join(op, join, combine)
     f = _check_fill(op, fill)
     r = check_route(op, route)
+    check_device(op, "rhs", rhs, lhs.device)
     alignment = core.align(op, lhs._cs, rhs._cs, j, r)
     feats = CombineFunction.apply(lhs.feats, rhs.feats, alignment, combine, f, r)
     return wrap_output(alignment.output, lhs, rhs, feats)
@@ -198,6 +200,8 @@ def operator(combine: str, x: SparseTensor, other: Any) -> Any:
     if isinstance(other, bool) or not isinstance(other, (numbers.Number, torch.Tensor)):
         return NotImplemented
     op = {"add": "sparse_add", "sub": "sparse_sub", "mul": "sparse_mul", "rsub": "sparse_sub"}[combine]
+    if isinstance(other, torch.Tensor) and other.dim() > 0:  # a 0-d tensor is a scalar on any device
+        check_device(op, "rhs", other, x.device)
     feats = _SCALAR_FN[combine](x.feats, other)
     if feats.shape != x.feats.shape:
         shape = tuple(other.shape) if isinstance(other, torch.Tensor) else ()
@@ -220,6 +224,7 @@ def explain(op: str, lhs: Any = None, rhs: Any = None, *, join: Optional[str] = 
     check_sparse(op, "lhs", lhs)
     check_sparse(op, "rhs", rhs)
     j = _check_join(op, join, combine)
+    check_device(op, "rhs", rhs, lhs.device)
     if pass_ not in ("forward", "align", "combine", "backward"):
         raise ValueError(f"[explain] pass_: expected 'forward', 'align', 'combine' or 'backward', got {pass_!r}")
     same_key = lhs.key == rhs.key

@@ -12,15 +12,19 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .._core import as_triple, core
+from .._device import check_device
 from ..autograd import ConvFunction
 from ..tensor import SparseTensor
+from . import quantized as _quantized
 
 IntOr3 = Union[int, Sequence[int]]
 
 
 def _kernel_size(op: str, weight: torch.Tensor, kernel_size: Optional[IntOr3]) -> tuple[int, int, int]:
+    if _quantized.is_quantized(weight):  # a packed weight: its logical shape stands in for weight.shape
+        return _quantized_kernel_size(op, weight, kernel_size)
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"[{op}] weight: expected a torch.Tensor, got {type(weight).__name__}")
+        raise TypeError(f"[{op}] weight: expected a torch.Tensor or a lattice.QuantizedWeight, got {type(weight).__name__}")
     if weight.dim() == 5:
         from_weight = tuple(int(v) for v in weight.shape[1:4])
         if kernel_size is None:
@@ -37,6 +41,26 @@ def _kernel_size(op: str, weight: torch.Tensor, kernel_size: Optional[IntOr3]) -
             f"[{op}] kernel_size: expected a kernel size for a weight of shape {tuple(weight.shape)} "
             "(only a (C_out, Kx, Ky, Kz, C_in) weight implies it), got None"
         )
+    return as_triple(kernel_size, "kernel_size", op)
+
+
+def _quantized_kernel_size(op: str, weight: Any, kernel_size: Optional[IntOr3]) -> tuple[int, int, int]:
+    """Kernel size of a QuantizedWeight: implied by a dense_5d one, required for kernel_major."""
+    if weight.layout == "linear":
+        raise ValueError(f"[{op}] weight: expected a QuantizedWeight with layout 'kernel_major' or 'dense_5d', "
+                         "got layout 'linear'")
+    if weight.layout == "dense_5d":
+        from_weight = tuple(int(v) for v in weight.shape[1:4])
+        if kernel_size is None:
+            return from_weight  # type: ignore[return-value]
+        ks = as_triple(kernel_size, "kernel_size", op)
+        if ks != from_weight:
+            raise ValueError(f"[{op}] weight: expected a QuantizedWeight of logical shape (C_out, {ks[0]}, {ks[1]}, "
+                             f"{ks[2]}, C_in) for kernel_size={ks}, got {tuple(weight.shape)}")
+        return ks
+    if kernel_size is None:
+        raise ValueError(f"[{op}] kernel_size: expected a kernel size for a kernel_major QuantizedWeight of logical "
+                         f"shape {tuple(weight.shape)}, got None")
     return as_triple(kernel_size, "kernel_size", op)
 
 
@@ -65,20 +89,31 @@ def plan(
     """Validates geometry and builds (or fetches from the cache) the relation of one conv call."""
     _check_input(op, x)
     ks = _kernel_size(op, weight, kernel_size)
+    check_device(op, "weight", weight, x.device)
     target = None
     if coordinates is not None:
         target = _check_input(op, coordinates, "coordinates")._cs
+        check_device(op, "coordinates", coordinates, x.device)
     if route is not None and not isinstance(route, str):
         raise TypeError(f"[{op}] route: expected a route name (str) or None, got {type(route).__name__}")
+    if _quantized.is_quantized(weight):
+        route = None  # a "quantized" route, passed to the forward (the float route stays the conv table's)
     return core.plan_conv(
         op, kind, x._cs, ks, as_triple(stride, "stride", op), as_triple(padding, "padding", op),
         as_triple(dilation, "dilation", op), bool(expand), bool(deterministic), bool(allow_tf32), route, target,
     )
 
 
-def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], op: str) -> SparseTensor:
+def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], op: str,
+         route: Optional[str] = None) -> SparseTensor:
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"[{op}] bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if _quantized.is_quantized(weight):  # packed int4/int8 weight: inference-only quantized routes
+        feats = _quantized.conv_forward(op, p, x.feats, weight, bias, route)
+        if p.output.key == x.key:
+            return x.replace_feats(feats)
+        return SparseTensor._from_core(p.output, feats)
+    check_device(op, "bias", bias, x.device)
     feats = ConvFunction.apply(x.feats, weight, bias, p)
     if p.output.key == x.key:
         return x.replace_feats(feats)
@@ -110,6 +145,8 @@ def conv3d(
     Args:
         input: SparseTensor (N_in, C_in).
         weight: (C_out, Kx, Ky, Kz, C_in) or (K, C_in, C_out), same dtype as the features.
+            Or a ``lattice.QuantizedWeight`` (layout dense_5d or kernel_major; inference only,
+            see ``lattice.ops.quantized``), for every conv op of this module.
         bias: optional (C_out,).
         kernel_size: int or 3 ints; implied by a 5-D weight, required for a 3-D one.
         stride, padding, dilation: int or 3 ints (>= 1, >= 0, >= 1).
@@ -117,12 +154,13 @@ def conv3d(
         expand: spconv-style output growth (no target only).
         route: force a route by name ("reference", "gather_gemm_scatter", ...); raises when the
             route is not admitted for this problem.
+            With a QuantizedWeight: "fused_dequant_gemm" or "dequant_reference".
     """
     kind = "target" if coordinates is not None else "forward"
     p = plan("conv3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,
              dilation=dilation, expand=expand, coordinates=coordinates, route=route,
              deterministic=deterministic, allow_tf32=allow_tf32)
-    return _run(p, input, weight, bias, "conv3d")
+    return _run(p, input, weight, bias, "conv3d", route)
 
 
 def subm_conv3d(
@@ -139,7 +177,7 @@ def subm_conv3d(
     """Submanifold convolution: output rows are the input rows (same identity); odd kernels only."""
     p = plan("subm_conv3d", "submanifold", input, weight, kernel_size=kernel_size, dilation=dilation,
              route=route, deterministic=deterministic, allow_tf32=allow_tf32)
-    return _run(p, input, weight, bias, "subm_conv3d")
+    return _run(p, input, weight, bias, "subm_conv3d", route)
 
 
 def conv_transpose3d(
@@ -166,7 +204,7 @@ def conv_transpose3d(
     p = plan("conv_transpose3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,
              dilation=dilation, coordinates=coordinates, route=route, deterministic=deterministic,
              allow_tf32=allow_tf32)
-    return _run(p, input, weight, bias, "conv_transpose3d")
+    return _run(p, input, weight, bias, "conv_transpose3d", route)
 
 
 def generative_conv_transpose3d(
@@ -184,7 +222,7 @@ def generative_conv_transpose3d(
     """Generative transposed convolution: every child ``coords*stride + offset`` (deduplicated)."""
     p = plan("generative_conv_transpose3d", "generative", input, weight, kernel_size=kernel_size, stride=stride,
              dilation=dilation, route=route, deterministic=deterministic, allow_tf32=allow_tf32)
-    return _run(p, input, weight, bias, "generative_conv_transpose3d")
+    return _run(p, input, weight, bias, "generative_conv_transpose3d", route)
 
 
 # op name -> (relation kind chooser, accepted keywords), used by lattice.explain

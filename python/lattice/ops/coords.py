@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .._core import as_tensor, as_triple, core, from_core, to_core
+from .._device import check_device
 from ..tensor import SparseTensor
 from .algebra import check_route, check_sparse
 
@@ -58,9 +59,17 @@ def _coordinate_set(op: str, what: str, value: Any, stride: Any) -> Any:
     return core.CoordinateSet.create(to_core(coords_tensor(op, what, value)), stride, None, False)
 
 
+def _device_of(value: Any) -> torch.device:
+    """The device of a SparseTensor or tensor operand (numpy arrays and the rest: the CPU)."""
+    if isinstance(value, (SparseTensor, torch.Tensor)):
+        return value.device
+    return torch.device("cpu")
+
+
 def _pair(op: str, lhs: Any, rhs: Any) -> tuple[Any, Any]:
     """Coordinate sets for a binary set operation; a plain coordinate tensor takes the stride of a
-    SparseTensor operand (else 1)."""
+    SparseTensor operand (else 1). Both operands must be on one device."""
+    check_device(op, "rhs", rhs, _device_of(lhs))
     stride = 1
     for v in (lhs, rhs):
         if isinstance(v, SparseTensor):
@@ -89,8 +98,9 @@ def intersection_coords(lhs: CoordsLike, rhs: CoordsLike, *, route: Optional[str
 
 def _lookup(op: str, coords: CoordsLike, queries: CoordsLike, route: Optional[str], as_bool: bool) -> torch.Tensor:
     r = check_route(op, route)
-    table = _coordinate_set(op, "coords", coords, 1)
     q = coords_tensor(op, "queries", queries)
+    check_device(op, "queries", q, _device_of(coords))
+    table = _coordinate_set(op, "coords", coords, 1)
     out = from_core(core.lookup_coords(table, to_core(q), as_bool, r))
     return out.to(torch.bool) if as_bool else out
 
@@ -169,6 +179,7 @@ def prune(x: SparseTensor, mask: Any) -> SparseTensor:
         raise TypeError(f"[{op}] mask: expected a bool tensor of shape (N={len(x)},), got {m.dtype}")
     if tuple(m.shape) != (len(x),):
         raise ValueError(f"[{op}] mask: expected shape (N={len(x)},), got {tuple(m.shape)}")
+    check_device(op, "mask", m, x.device)
     return _kept(x, from_core(core.prune_rows(to_core(x.coords), to_core(m.to(torch.uint8).contiguous()))))
 
 
@@ -228,6 +239,11 @@ def sparse_collate(samples: Sequence[Any], *, stride: IntOr3 = 1, validate: bool
     coords, feats = [], []
     for i, s in enumerate(samples):
         c, f = _sample(op, i, s)
+        if i == 0:
+            check_device(op, "samples[0] feats", f, c.device)
+        else:
+            check_device(op, f"samples[{i}] coords", c, feats[0].device)
+            check_device(op, f"samples[{i}] feats", f, feats[0].device)
         if feats:
             if f.shape[1] != feats[0].shape[1]:
                 raise ValueError(f"[{op}] samples[{i}] feats: expected C={feats[0].shape[1]} columns (those of samples[0]), got {f.shape[1]}")
@@ -257,15 +273,32 @@ def sparse_from_coordinates(coords: Any, feats: Any, *, reduction: str = "mean",
         raise TypeError(f"[{op}] feats: expected a float tensor, got {f.dtype}")
     if f.dim() != 2 or f.shape[0] != c.shape[0]:
         raise ValueError(f"[{op}] feats: expected shape (N={c.shape[0]}, C), got {tuple(f.shape)}")
+    check_device(op, "feats", f, c.device)
     unique, inverse = core.downsample_coords(to_core(c), 1, None)
     unique, inverse = from_core(unique), from_core(inverse)
     acc_dtype = torch.float32 if f.dtype in (torch.float16, torch.bfloat16) else f.dtype
-    out = torch.zeros(unique.shape[0], f.shape[1], dtype=acc_dtype).index_add(0, inverse, f.to(acc_dtype))
+    # index_add accumulates in a fixed order on the CPU; on CUDA it uses atomics (float order is
+    # not fixed), so the CUDA sum goes through a sort by output row and a segmented reduction
+    if f.is_cuda:
+        out = _segment_sum(inverse, f.to(acc_dtype), unique.shape[0])
+    else:
+        out = torch.zeros(unique.shape[0], f.shape[1], dtype=acc_dtype).index_add(0, inverse, f.to(acc_dtype))
     if reduction == "mean":
         counts = torch.bincount(inverse, minlength=unique.shape[0]).to(acc_dtype)
         out = out / counts.clamp_min(1).unsqueeze(1)
     x = SparseTensor(unique, out.to(f.dtype), stride)
     return (x, inverse) if return_inverse else x
+
+
+def _segment_sum(index: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, C) sums of ``values`` rows grouped by ``index`` (every group non-empty) without float
+    atomics: a stable sort by index, then ``torch.segment_reduce`` (one sequential sum per segment,
+    deterministic). Differentiable in ``values``."""
+    if values.shape[0] == 0 or n == 0:
+        return values.new_zeros((n, values.shape[1]))
+    order = torch.sort(index, stable=True).indices
+    lengths = torch.bincount(index, minlength=n)
+    return torch.segment_reduce(values.index_select(0, order), "sum", lengths=lengths, axis=0)
 
 
 def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -> torch.Tensor:
@@ -284,12 +317,12 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
     op = "dense"
     check_sparse(op, "input", x)
     o = as_triple(origin, "origin", op)
-    xyz = x.coords[:, 1:].long() - torch.tensor(o)
+    xyz = x.coords[:, 1:].long() - torch.tensor(o, device=x.coords.device)
     if shape is None:
         if len(x) and int(xyz.min()) < 0:
             raise ValueError(
                 f"[{op}] origin: expected a corner <= every coordinate (pass origin= for negative coordinates), "
-                f"got {o} above the minimum {tuple(int(v) for v in (xyz.min(0).values + torch.tensor(o)))}"
+                f"got {o} above the minimum {tuple(int(v) for v in (xyz.min(0).values.cpu() + torch.tensor(o)))}"
             )
         size = tuple(int(v) + 1 for v in xyz.max(0).values) if len(x) else (0, 0, 0)
     else:
@@ -307,7 +340,7 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
             f"[{op}] shape: expected a grid of at most {DENSE_MAX_ELEMENTS} elements (B*C*X*Y*Z), "
             f"got {b}*{c}*{size[0]}*{size[1]}*{size[2]} = {total}"
         )
-    outside = ((xyz < 0) | (xyz >= torch.tensor(size))).any(dim=1)
+    outside = ((xyz < 0) | (xyz >= torch.tensor(size, device=xyz.device))).any(dim=1)
     if bool(outside.any()):
         r = int(outside.nonzero()[0, 0])
         raise ValueError(

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .._device import check_device
 from ..tensor import SparseTensor
 
 
@@ -43,14 +44,16 @@ def _check(op: str, x: Any) -> SparseTensor:
     return x
 
 
-def _check_vector(op: str, what: str, v: Any, c: int) -> Optional[torch.Tensor]:
-    """None, or a 1-D tensor of C entries (per-channel parameters and statistics)."""
+def _check_vector(op: str, what: str, v: Any, c: int, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+    """None, or a 1-D tensor of C entries (per-channel parameters and statistics) on ``device``."""
     if v is None:
         return None
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"[{op}] {what}: expected a torch.Tensor of shape (C={c},) or None, got {type(v).__name__}")
     if tuple(v.shape) != (c,):
         raise ValueError(f"[{op}] {what}: expected shape (C={c},), got {tuple(v.shape)}")
+    if device is not None:
+        check_device(op, what, v, device)
     return v
 
 
@@ -87,15 +90,27 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
     return first.replace_feats(torch.cat([t.feats for t in tensors], dim=1))
 
 
-def linear(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> SparseTensor:
-    """``feats @ weight^T + bias`` per row (``torch.nn.functional.linear``); weight (C_out, C_in)."""
+def linear(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           route: Optional[str] = None) -> SparseTensor:
+    """``feats @ weight^T + bias`` per row (``torch.nn.functional.linear``); weight (C_out, C_in).
+
+    ``weight`` may be a ``lattice.QuantizedWeight`` of layout ``linear`` (inference only; routes
+    ``fused_dequant_gemm`` / ``dequant_reference``, chosen by ``route`` or the route table, see
+    ``lattice.ops.quantized``). A float weight runs torch's dense kernel (``route`` must be None).
+    """
     x = _check("linear", input)
     c = x.feats.shape[1]
+    from . import quantized as _quantized  # lazy: quantized imports the core
+    if _quantized.is_quantized(weight):
+        return x.replace_feats(_quantized.linear_forward(x.feats, weight, bias, route))
+    if route is not None:
+        raise ValueError(f"[linear] route: expected None for a float weight (torch's dense kernel), got {route!r}")
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"[linear] weight: expected a torch.Tensor of shape (C_out, C_in={c}), got {type(weight).__name__}")
     if weight.dim() != 2 or weight.shape[1] != c:
         raise ValueError(f"[linear] weight: expected shape (C_out, C_in={c}), got {tuple(weight.shape)}")
-    _check_vector("linear", "bias", bias, int(weight.shape[0]))
+    check_device("linear", "weight", weight, x.device)
+    _check_vector("linear", "bias", bias, int(weight.shape[0]), x.device)
     w = _widen(x.feats)
     return _map(x, lambda f: F.linear(f, _wide(weight, w), _wide(bias, w)))
 
@@ -167,7 +182,7 @@ def batch_norm(
     x = _check(op, input)
     c = x.feats.shape[1]
     for what, v in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
-        _check_vector(op, what, v, c)
+        _check_vector(op, what, v, c, x.device)
     if not training and (running_mean is None or running_var is None):
         missing = "running_mean" if running_mean is None else "running_var"
         raise ValueError(f"[{op}] {missing}: expected running statistics when training=False, got None")
@@ -192,8 +207,8 @@ def layer_norm(input: SparseTensor, weight: Optional[torch.Tensor] = None, bias:
     op = "layer_norm"
     x = _check(op, input)
     c = x.feats.shape[1]
-    _check_vector(op, "weight", weight, c)
-    _check_vector(op, "bias", bias, c)
+    _check_vector(op, "weight", weight, c, x.device)
+    _check_vector(op, "bias", bias, c, x.device)
     e = _check_number(op, "eps", eps, "a positive value", lambda f: f > 0)
     w = _widen(x.feats)
     return _map(x, lambda f: F.layer_norm(f, (c,), _wide(weight, w), _wide(bias, w), e))
@@ -208,7 +223,7 @@ def rms_norm(input: SparseTensor, weight: Optional[torch.Tensor] = None, eps: Op
     op = "rms_norm"
     x = _check(op, input)
     c = x.feats.shape[1]
-    _check_vector(op, "weight", weight, c)
+    _check_vector(op, "weight", weight, c, x.device)
     f = x.feats
     e = torch.finfo(f.dtype).eps if eps is None else _check_number(op, "eps", eps, "a value >= 0", lambda f: f >= 0)
     acc = f.float() if f.dtype in (torch.float16, torch.bfloat16) else f

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .._core import as_tensor, core, from_core, to_core
+from .._device import check_device
 from ..tensor import SparseTensor
 from .quantize import FloatOr3, _batch, _points, _triple_float
 
@@ -102,9 +103,10 @@ def voxelize(
     op = "voxelize"
     p = _points(points, op)
     f = as_tensor(feats, "feats", op)
+    check_device(op, "feats", f, p.device)
     _check_choice(op, "reduction", reduction, REDUCTIONS)
     _check_route(op, route)
-    b = _batch(batch_indices, op)
+    b = _batch(batch_indices, op, p)
     grouping = core.group_points(
         to_core(p), _triple_float(voxel_size, "voxel_size", op), _triple_float(origin, "origin", op),
         None if b is None else to_core(b), op,
@@ -234,7 +236,8 @@ def build_point_voxel_map(
     if not isinstance(normalize, bool):
         raise TypeError(f"[{op}] normalize: expected a bool, got {type(normalize).__name__}")
     _check_route(op, route)
-    b = _batch(batch_indices, op)
+    check_device(op, "voxels", voxels, p.device)
+    b = _batch(batch_indices, op, p)
     m = core.build_point_voxel_map(
         to_core(p), voxels._cs, _triple_float(voxel_size, "voxel_size", op), _triple_float(origin, "origin", op),
         mode, normalize, None if b is None else to_core(b), route,
@@ -280,6 +283,7 @@ def devoxelize(voxels: SparseTensor, map: PointVoxelMap, *, route: Optional[str]
     if not isinstance(map, PointVoxelMap):
         raise TypeError(f"[{op}] map: expected a lattice.ops.PointVoxelMap, got {type(map).__name__}")
     _check_route(op, route)
+    check_device(op, "voxels", voxels, map.indices.device)
     return _DevoxelizeFunction.apply(voxels.feats, map._core, voxels._cs, route)
 
 
@@ -301,8 +305,9 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         kw.update(kwargs)
         p = _points(kw["points"], op)
         f = as_tensor(kw["feats"], "feats", op)
+        check_device(op, "feats", f, p.device)
         reduction = _check_choice(op, "reduction", kw.get("reduction", "mean"), REDUCTIONS)
-        b = _batch(kw.get("batch_indices"), op)
+        b = _batch(kw.get("batch_indices"), op, p)
         grouping = core.group_points(
             to_core(p), _triple_float(kw["voxel_size"], "voxel_size", op),
             _triple_float(kw.get("origin", 0.0), "origin", op), None if b is None else to_core(b), op,
@@ -313,6 +318,7 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         voxels = args[1] if len(args) > 1 else kwargs["voxels"]
         if not isinstance(voxels, SparseTensor):
             raise TypeError(f"[{op}] voxels: expected a lattice.SparseTensor, got {type(voxels).__name__}")
+        check_device(op, "voxels", voxels, p.device)
         mode = _check_choice(op, "mode", args[2] if len(args) > 2 else kwargs.get("mode", "nearest"), MODES)
         return core.explain_build_point_voxel_map(to_core(p), voxels._cs, mode, route)
     if op == "devoxelize":
@@ -321,5 +327,6 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         if not isinstance(voxels, SparseTensor) or not isinstance(m, PointVoxelMap):
             raise TypeError(f"[{op}] args: expected (SparseTensor, PointVoxelMap), got "
                             f"({type(voxels).__name__}, {type(m).__name__})")
+        check_device(op, "voxels", voxels, m.indices.device)
         return core.explain_devoxelize(m._core, to_core(voxels.feats), pass_, route)
     raise ValueError(f"[explain] op: expected one of {', '.join(EXPLAINED)}, got {op!r}")

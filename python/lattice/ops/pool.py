@@ -24,6 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._core import as_triple, core, from_core, optional_core, to_core
+from .._device import check_device
 from ..tensor import SparseTensor
 
 IntOr3 = Union[int, Sequence[int]]
@@ -67,8 +68,13 @@ def _check_mode(op: str, mode: Any) -> str:
     return mode
 
 
-def _target(op: str, coordinates: Optional[SparseTensor]) -> Any:
-    return None if coordinates is None else _check_input(op, coordinates, "coordinates")._cs
+def _target(op: str, coordinates: Optional[SparseTensor], input: Optional[SparseTensor] = None) -> Any:
+    if coordinates is None:
+        return None
+    cs = _check_input(op, coordinates, "coordinates")._cs
+    if input is not None:
+        check_device(op, "coordinates", coordinates, input.device)
+    return cs
 
 
 def _wrap(p: Any, x: SparseTensor) -> SparseTensor:
@@ -103,7 +109,7 @@ def plan_pool(
     st = ks if stride is None else as_triple(stride, "stride", op)
     return core.plan_pool(op, mode, input._cs, ks, st, as_triple(padding, "padding", op),
                           as_triple(dilation, "dilation", op), bool(expand), bool(deterministic), route,
-                          _target(op, coordinates))
+                          _target(op, coordinates, input))
 
 
 def plan_global_pool(op: str, input: SparseTensor, mode: str, *, route: Optional[str] = None,
@@ -134,7 +140,7 @@ def plan_pool_transpose(
     st = ks if stride is None else as_triple(stride, "stride", op)
     return core.plan_pool_transpose(op, input._cs, ks, st, as_triple(padding, "padding", op),
                                     as_triple(dilation, "dilation", op), bool(deterministic), route,
-                                    _target(op, coordinates))
+                                    _target(op, coordinates, input))
 
 
 def plan_trilinear_upsample(
@@ -150,7 +156,7 @@ def plan_trilinear_upsample(
     _check_input(op, input)
     _check_route(op, route)
     st = None if stride is None else as_triple(stride, "stride", op)
-    return core.plan_trilinear_upsample(op, input._cs, st, bool(deterministic), route, _target(op, coordinates))
+    return core.plan_trilinear_upsample(op, input._cs, st, bool(deterministic), route, _target(op, coordinates, input))
 
 
 # ---- local pooling ------------------------------------------------------------------------------

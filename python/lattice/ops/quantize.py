@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from .._core import as_tensor, core, from_core, to_core
+from .._device import check_device
 
 FloatOr3 = Union[float, Sequence[float]]
 
@@ -38,8 +39,14 @@ def _points(points: Any, op: str) -> torch.Tensor:
     return p
 
 
-def _batch(batch_indices: Any, op: str) -> Optional[torch.Tensor]:
-    return None if batch_indices is None else as_tensor(batch_indices, "batch_indices", op)
+def _batch(batch_indices: Any, op: str, points: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """The batch ids as a tensor (None stays None), on the device of ``points`` when given."""
+    if batch_indices is None:
+        return None
+    b = as_tensor(batch_indices, "batch_indices", op)
+    if points is not None:
+        check_device(op, "batch_indices", b, points.device)
+    return b
 
 
 def sparse_quantize(
@@ -78,7 +85,7 @@ def sparse_quantize(
     """
     op = "sparse_quantize"
     p = _points(points, op)
-    b = _batch(batch_indices, op)
+    b = _batch(batch_indices, op, p)
     if not isinstance(drop_invalid, (bool, np.bool_)):
         raise TypeError(f"[{op}] drop_invalid: expected a bool, got {type(drop_invalid).__name__}")
     out = core.sparse_quantize(

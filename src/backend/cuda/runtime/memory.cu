@@ -4,7 +4,10 @@
 
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
+
+#include "lattice/core/error.h"
 
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/stream.h"
@@ -27,7 +30,20 @@ void configure_pool(int index) {
   done[static_cast<std::size_t>(index)] = true;
 }
 
+// UnsupportedError (not a raw CUDA error) when the device cannot be used at all.
+void require_device(int index) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || index < 0 || index >= count) {
+    cudaGetLastError();
+    throw UnsupportedError("[Array] device: expected an available CUDA device, got cuda:" + std::to_string(index) +
+                           " (" + (err != cudaSuccess ? std::string(cudaGetErrorString(err))
+                                                      : std::to_string(count) + " device(s) visible") + ")");
+  }
+}
+
 void* allocate(std::size_t nbytes, int index) {
+  require_device(index);
   DeviceGuard guard(index);
   configure_pool(index);
   void* p = nullptr;
@@ -46,12 +62,14 @@ void release(void* p, int index) {
 }
 
 void zero(void* p, std::size_t nbytes, int index) {
+  require_device(index);
   DeviceGuard guard(index);
   LATTICE_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, stream_of(Device::cuda(index))));
 }
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   const Device device = dst_device.is_cuda() ? dst_device : src_device;
+  require_device(device.index);
   DeviceGuard guard(device.index);
   cudaStream_t s = stream_of(device);
   const cudaMemcpyKind kind = dst_device.is_cpu()   ? cudaMemcpyDeviceToHost

@@ -1,0 +1,100 @@
+// Support shared by the CUDA convolution routes (src/backend/cuda/conv): device element types
+// for the storage dtypes, the cuBLAS handle of the calling thread, and small deterministic
+// kernels (accumulator init / rounding, gather, scatter-add, relation maps, column sums).
+// Every launch goes to the current stream of the given device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "backend/args.h"
+#include "lattice/core/array.h"
+#include "lattice/core/device.h"
+
+namespace lattice::backend::cuda {
+
+// Storage dtype -> device element type.
+template <class T> struct DeviceElem;
+template <> struct DeviceElem<Half> { using type = __half; };
+template <> struct DeviceElem<BFloat16> { using type = __nv_bfloat16; };
+template <> struct DeviceElem<float> { using type = float; };
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+[[noreturn]] void throw_unsupported_dtype(const char* op, Dtype dtype);
+
+// Calls f(TypeTag<E>{}) with E = float, __half or __nv_bfloat16 for f32 / f16 / bf16; other
+// dtypes raise UnsupportedError naming `op`.
+template <class F>
+void dispatch_conv_dtype(Dtype dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case Dtype::f32: f(TypeTag<float>{}); return;
+    case Dtype::f16: f(TypeTag<__half>{}); return;
+    case Dtype::bf16: f(TypeTag<__nv_bfloat16>{}); return;
+    default: throw_unsupported_dtype(op, dtype);
+  }
+}
+
+// The cuBLAS handle of the calling host thread for `device` (created on first use, kept for
+// the thread's lifetime), bound to the device's current stream, with a workspace set so the
+// results do not depend on cuBLAS's per-stream default workspaces. The workspace Array must
+// outlive the cuBLAS calls enqueued with this binding (stream-ordered free after them is fine).
+struct CublasBinding {
+  cublasHandle_t handle = nullptr;
+  Array workspace;
+};
+CublasBinding bind_cublas(Device device);
+
+// Checks a cuBLAS status (file, line, call).
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line);
+#define LATTICE_CUBLAS_CHECK(call)                                                         \
+  do {                                                                                     \
+    cublasStatus_t lattice_st_ = (call);                                                   \
+    if (lattice_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+      ::lattice::backend::cuda::throw_cublas_error(lattice_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// acc (rows, c) f32 = bias broadcast (bias of element type E, or zeros when null).
+template <class E>
+void fill_accumulator(float* acc, std::int64_t rows, std::int64_t c, const E* bias, cudaStream_t s);
+// out (n) E = round(acc (n) f32), once per element.
+template <class E>
+void round_to(const float* acc, E* out, std::int64_t n, cudaStream_t s);
+// dst (m, c) = src[rows[j]] for j < m (rows int32); with `tf32` (f32 only) each value is rounded
+// to the nearest tf32 value (10 mantissa bits, ties to even) on the way.
+template <class E>
+void gather_rows(const E* src, std::int64_t c, const std::int32_t* rows, std::int64_t m, E* dst, cudaStream_t s,
+                 bool tf32 = false);
+// dst (n) = src (n) rounded to the nearest tf32 value (ties to even); inf / NaN unchanged.
+void round_to_tf32(const float* src, float* dst, std::int64_t n, cudaStream_t s);
+// acc[rows[j]] += part[j] for j < m (f32, (.., c)); rows distinct, so no two threads share an element.
+void scatter_add_rows(const float* part, std::int64_t c, const std::int32_t* rows, std::int64_t m, float* acc,
+                      cudaStream_t s);
+// map (n_rows, K) int32 = -1, then map[key[e] * K + k[e]] = value[e] for every edge ((key, k) unique).
+Array build_edge_map(const std::int32_t* key, const std::int32_t* value, const std::int32_t* k,
+                     std::int64_t n_edges, std::int64_t n_rows, std::int64_t kernel_volume, Device device);
+// db (c) = column sums of dy (n, c), f32 accumulation in a fixed order, rounded once.
+template <class E>
+void column_sums(const E* dy, std::int64_t n, std::int64_t c, E* db, Device device);
+
+// Copies the (K + 1) int64 per-offset pointer to the host (one synchronisation).
+std::vector<std::int64_t> offsets_to_host(const std::int64_t* k_ptr, std::int64_t kernel_volume, Device device);
+
+// Bias gradient of both CUDA conv routes: args.dbias (C_out) = column sums of args.dy.
+void conv_cuda_bias_grad(const ConvArgs& args);
+
+}  // namespace lattice::backend::cuda

@@ -1,0 +1,25 @@
+// Coordinate sets and relations built on a CUDA device: the functions behind
+// backend::DeviceCoordKernels (kernel_table.h). Plain C++ declarations (the kernel table is
+// compiled by the host compiler); the kernels are in relation_build.cu.
+//
+// Every function runs on the current stream of the arrays' device and reads back to the host
+// only counts (output sizes) and error checks. Results are deterministic: integer atomics are
+// used only where the result does not depend on their order, compactions are scans.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/args.h"
+#include "lattice/core/array.h"
+
+namespace lattice::backend::cuda {
+
+DeviceCoordTable device_build_table(const Array& coords);
+DuplicateRow device_find_duplicate(const Array& coords, const DeviceCoordTable& table);
+BatchHistogram device_batch_histogram(const Array& coords, std::int64_t n_batches);
+DeviceSupportResult device_support(const DeviceSupportArgs& args);
+DeviceEdges device_edges(const DeviceEdgeArgs& args);
+Array device_row_masks(const Array& map);
+DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args);
+
+}  // namespace lattice::backend::cuda

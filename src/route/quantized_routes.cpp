@@ -1,0 +1,59 @@
+// The route table of packed affine int4/int8 weights (family "quantized"): the forward pass of
+// linear and of every convolution kind with a QuantizedWeight. Each row's admit() matches the
+// Constraints comment of its kernel file under src/backend/cpu/quantized/.
+#include <cstdio>
+
+#include "route/route_table.h"
+
+namespace lattice {
+
+std::string to_string(const QuantizedProblem& p) {
+  std::string s = p.op + " forward: int" + std::to_string(p.bits) + " weight (group " +
+                  std::to_string(p.group_size) + ", " + std::string(to_string(p.scale_dtype)) + " scales), ";
+  if (p.has_relation) {
+    char avg[32];
+    std::snprintf(avg, sizeof avg, "%.2f", p.n_out ? static_cast<double>(p.n_edges) / p.n_out : 0.0);
+    s += std::string(to_string(p.relation)) + " relation, " + std::string(to_string(p.dtype)) + " on " +
+         to_string(p.device) + ", N_in=" + std::to_string(p.n_in) + " N_out=" + std::to_string(p.n_out) +
+         " C_in=" + std::to_string(p.c_in) + " C_out=" + std::to_string(p.c_out) +
+         " K=" + std::to_string(p.kernel_volume) + " edges=" + std::to_string(p.n_edges) + " (" + avg +
+         " per output row)" + (p.identity_relation ? ", identity relation" : "");
+  } else {
+    s += "rows " + std::string(to_string(p.dtype)) + " on " + to_string(p.device) +
+         ", N=" + std::to_string(p.n_in) + " C_in=" + std::to_string(p.c_in) +
+         " C_out=" + std::to_string(p.c_out);
+  }
+  return s;
+}
+
+namespace {
+
+using route_detail::needs_cpu;
+using route_detail::needs_float;
+using route_detail::RouteSpec;
+
+Verdict admit_fused_dequant_gemm(const QuantizedProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cpu(p.device); !v.admitted) return v;
+  if (p.dtype != Dtype::f32 && p.dtype != Dtype::f16 && p.dtype != Dtype::bf16)
+    return Verdict::no("needs float32, float16 or bfloat16 activations, got " + std::string(to_string(p.dtype)));
+  if (caps.cpu.blas.empty()) return Verdict::no("needs a BLAS library; this build has none");
+  return Verdict::ok();
+}
+
+Verdict admit_dequant_reference(const QuantizedProblem& p, const DeviceCaps&) {
+  if (auto v = needs_cpu(p.device); !v.admitted) return v;
+  return needs_float(p.dtype);
+}
+
+constexpr std::array<RouteSpec<QuantizedProblem>, 2> kQuantizedRoutes{{
+    {RouteId::quantized_fused_dequant_gemm, 0, admit_fused_dequant_gemm},
+    {RouteId::quantized_dequant_reference, 9, admit_dequant_reference},
+}};
+
+}  // namespace
+
+Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::run_table(kQuantizedRoutes, problem, caps, policy);
+}
+
+}  // namespace lattice

@@ -1,0 +1,359 @@
+// CUDA convolution routes (src/backend/cuda/conv) against the CPU reference route: relations
+// built on the CPU from random coordinates (submanifold k3, strided k2 s2, transposed k2 s2, a
+// single row, no rows, rows without edges), copied to the device; every pass (forward with and
+// without bias, input gradient, weight gradient, bias gradient) in f32 / f16 / bf16 with channel
+// counts that are not multiples of the tiles; SEMANTICS.md tolerances (relative to the norm of
+// the reference); bitwise-identical repeated runs. Skips with the reason when this build or
+// machine has no CUDA device (or no sm_80+ device for implicit_gemm_sm80).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/conv/conv_routes.h"
+#include "backend/kernel_table.h"
+#include "lattice/core/array.h"
+#include "lattice/core/dtype.h"
+#include "lattice/tensor/coordinate_set.h"
+#include "lattice/tensor/relation.h"
+
+namespace lattice {
+namespace {
+
+using backend::ConvArgs;
+using backend::ConvKernels;
+using backend::RelationView;
+
+const Device kGpu = Device::cuda(0);
+
+// Empty when the route can run here, else why not.
+std::string skip_reason(RouteId id) {
+  const DeviceCaps caps = backend::device_caps();
+  if (!caps.cuda.built) return "CUDA backend not built: " + caps.cuda.status;
+  if (caps.cuda.device_count == 0) return "no CUDA device: " + caps.cuda.status;
+  if (backend::find_conv_kernels(id) == nullptr) return "route has no kernels in this build";
+  if (id == RouteId::conv_implicit_gemm_sm80 &&
+      static_cast<int>(caps.cuda.tier) < static_cast<int>(GpuTier::tensor_core))
+    return "implicit_gemm_sm80 needs sm_80+, device is sm_" + std::to_string(caps.cuda.sm);
+  return {};
+}
+
+#define SKIP_UNLESS_RUNNABLE(id)                                         \
+  do {                                                                   \
+    const std::string why_ = skip_reason(id);                            \
+    if (!why_.empty()) {                                                 \
+      std::printf("[  SKIPPED ] %s\n", why_.c_str());                    \
+      GTEST_SKIP() << why_;                                              \
+    }                                                                    \
+  } while (0)
+
+// ---- relations -----------------------------------------------------------------------------
+
+struct Case {
+  std::string name;
+  std::shared_ptr<const Relation> rel;
+};
+
+std::shared_ptr<CoordinateSet> random_set(std::int64_t n, std::int32_t extent, Int3 stride, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::int32_t> coord(-extent, extent), batch(0, 1);
+  std::set<std::tuple<std::int32_t, std::int32_t, std::int32_t, std::int32_t>> seen;
+  std::vector<std::int32_t> flat;
+  while (static_cast<std::int64_t>(seen.size()) < n) {
+    const auto row = std::make_tuple(batch(rng), coord(rng), coord(rng), coord(rng));
+    if (!seen.insert(row).second) continue;
+    flat.insert(flat.end(), {std::get<0>(row), std::get<1>(row), std::get<2>(row), std::get<3>(row)});
+  }
+  return CoordinateSet::create(Array::from_vector<std::int32_t>(flat, {n, 4}), stride);
+}
+
+KernelSpec spec_of(std::int32_t size, std::int32_t stride) {
+  KernelSpec s;
+  s.size = {size, size, size};
+  s.stride = {stride, stride, stride};
+  return s;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  auto x = random_set(400, 5, {1, 1, 1}, 7);
+  out.push_back({"subm_k3", x->relation(RelationKind::submanifold, spec_of(3, 1), nullptr, "test").relation});
+  out.push_back({"strided_k2s2", x->relation(RelationKind::forward, spec_of(2, 2), nullptr, "test").relation});
+  auto coarse = random_set(150, 3, {2, 2, 2}, 11);
+  out.push_back(
+      {"transposed_k2s2", coarse->relation(RelationKind::transposed, spec_of(2, 2), nullptr, "test").relation});
+  auto one = random_set(1, 2, {1, 1, 1}, 3);
+  out.push_back({"single_row_k3", one->relation(RelationKind::submanifold, spec_of(3, 1), nullptr, "test").relation});
+  auto none = CoordinateSet::create(Array::empty({0, 4}, Dtype::i32), {1, 1, 1});
+  out.push_back({"no_rows_k3", none->relation(RelationKind::submanifold, spec_of(3, 1), nullptr, "test").relation});
+  // Output rows far from every input: n_out > 0, no edges.
+  std::vector<std::int32_t> far;
+  for (std::int32_t i = 0; i < 5; ++i) far.insert(far.end(), {0, 1000 + 3 * i, 1000, 1000});
+  auto target = CoordinateSet::create(Array::from_vector<std::int32_t>(far, {5, 4}), {1, 1, 1});
+  out.push_back({"no_edges_k3", x->relation(RelationKind::target, spec_of(3, 1), target, "test").relation});
+  return out;
+}
+
+// The relation's arrays on one device, and the view over them.
+struct Views {
+  Array in_idx, out_idx, k_idx, out_ptr, k_ptr, k_in, k_out, in_ptr, kt_in, kt_out, gemm_map;
+  RelationView view(const Relation& r, bool with_map) const {
+    RelationView v;
+    v.n_in = r.n_in;
+    v.n_out = r.n_out;
+    v.kernel_volume = r.kernel_volume;
+    v.n_edges = r.n_edges;
+    v.in_idx = in_idx.data<std::int32_t>();
+    v.out_idx = out_idx.data<std::int32_t>();
+    v.k_idx = k_idx.data<std::int32_t>();
+    v.out_ptr = out_ptr.data<std::int64_t>();
+    v.k_ptr = k_ptr.data<std::int64_t>();
+    v.k_in = k_in.data<std::int32_t>();
+    v.k_out = k_out.data<std::int32_t>();
+    v.identity = r.identity;
+    v.in_ptr = in_ptr.data<std::int64_t>();
+    v.kt_in = kt_in.data<std::int32_t>();
+    v.kt_out = kt_out.data<std::int32_t>();
+    v.gemm_map = with_map ? gemm_map.data<std::int32_t>() : nullptr;
+    return v;
+  }
+};
+
+Views views_on(const Relation& r, Device d) {
+  const Relation::InputGrouping& g = r.input_grouping();
+  return Views{r.in_idx.to(d),  r.out_idx.to(d),  r.k_idx.to(d),  r.out_ptr.to(d),
+               r.k_ptr.to(d),   r.k_in.to(d),     r.k_out.to(d),  g.in_ptr.to(d),
+               g.kt_in.to(d),   g.kt_out.to(d),   r.gemm_map().to(d)};
+}
+
+// ---- data ----------------------------------------------------------------------------------
+
+Array random_array(Shape shape, Dtype dt, std::mt19937& rng) {
+  Array a = Array::empty(std::move(shape), dt);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  dispatch_float(dt, "test", "dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = a.data<T>();
+    for (std::int64_t i = 0; i < a.numel(); ++i) p[i] = store<T>(static_cast<Accum<T>>(nd(rng)));
+  });
+  return a;
+}
+
+std::vector<double> values(const Array& a) {
+  const Array h = a.to(Device::cpu());
+  std::vector<double> out(static_cast<std::size_t>(h.numel()));
+  dispatch_float(h.dtype(), "test", "dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = h.data<T>();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(load(p[i]));
+  });
+  return out;
+}
+
+bool same_bytes(const Array& a, const Array& b) {
+  const Array ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.nbytes() == hb.nbytes() &&
+         (ha.nbytes() == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0);
+}
+
+double tolerance(Dtype dt, bool tf32) {
+  if (dt == Dtype::f16) return 2e-3;
+  if (dt == Dtype::bf16) return 1e-2;
+  return tf32 ? 5e-4 : 1e-5;
+}
+
+// ||got - ref|| <= tol * ||ref|| (with an absolute floor for all-zero references); every value finite.
+void expect_close(const Array& got, const Array& ref, double tol, const std::string& what) {
+  const std::vector<double> g = values(got), r = values(ref);
+  ASSERT_EQ(g.size(), r.size()) << what;
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(g[i])) << what << " element " << i;
+    diff += (g[i] - r[i]) * (g[i] - r[i]);
+    norm += r[i] * r[i];
+  }
+  diff = std::sqrt(diff);
+  norm = std::sqrt(norm);
+  EXPECT_LE(diff, tol * std::max(norm, 1e-3)) << what << ": |diff| " << diff << " |ref| " << norm;
+}
+
+// ---- the check -----------------------------------------------------------------------------
+
+struct Channels {
+  std::int64_t c_in, c_out;
+};
+
+void check_route(RouteId id, Dtype dt, bool allow_tf32) {
+  const ConvKernels* gpu = backend::find_conv_kernels(id);
+  ASSERT_NE(gpu, nullptr);
+  const bool tf32 = dt == Dtype::f32 && allow_tf32;
+  const double tol = tolerance(dt, tf32);
+  std::mt19937 rng(1234);
+  for (const Case& c : cases()) {
+    const Relation& r = *c.rel;
+    const Views host = views_on(r, Device::cpu());
+    const Views dev = views_on(r, kGpu);
+    for (const Channels ch : {Channels{13, 21}, Channels{64, 64}, Channels{3, 1}, Channels{70, 130}}) {
+      const std::string what = std::string(to_string(id)) + " " + c.name + " " + std::string(to_string(dt)) +
+                               " C_in=" + std::to_string(ch.c_in) + " C_out=" + std::to_string(ch.c_out);
+      SCOPED_TRACE(what);
+      const std::int64_t kv = r.kernel_volume;
+      const Array x = random_array({r.n_in, ch.c_in}, dt, rng);
+      const Array w = random_array({kv, ch.c_in, ch.c_out}, dt, rng);
+      const Array bias = random_array({ch.c_out}, dt, rng);
+      const Array dy = random_array({r.n_out, ch.c_out}, dt, rng);
+      const Array xd = x.to(kGpu), wd = w.to(kGpu), bd = bias.to(kGpu), dyd = dy.to(kGpu);
+
+      // CPU reference.
+      ConvArgs ref;
+      ref.dtype = dt;
+      ref.rel = host.view(r, false);
+      ref.c_in = ch.c_in;
+      ref.c_out = ch.c_out;
+      ref.x = x.raw_data();
+      ref.w = w.raw_data();
+      ref.dy = dy.raw_data();
+      Array y_ref = Array::empty({r.n_out, ch.c_out}, dt);
+      Array yb_ref = Array::empty({r.n_out, ch.c_out}, dt);
+      Array dx_ref = Array::empty({r.n_in, ch.c_in}, dt);
+      Array dw_ref = Array::empty({kv, ch.c_in, ch.c_out}, dt);
+      ref.y = y_ref.raw_data();
+      backend::cpu::conv_reference_forward(ref);
+      ref.bias = bias.raw_data();
+      ref.y = yb_ref.raw_data();
+      backend::cpu::conv_reference_forward(ref);
+      ref.dx = dx_ref.raw_data();
+      backend::cpu::conv_reference_input_grad(ref);
+      ref.dw = dw_ref.raw_data();
+      backend::cpu::conv_reference_weight_grad(ref);
+      // Bias gradient: column sums of dy in double.
+      Array db_ref = Array::empty({ch.c_out}, Dtype::f64);
+      {
+        const std::vector<double> d = values(dy);
+        for (std::int64_t j = 0; j < ch.c_out; ++j) {
+          double s = 0;
+          for (std::int64_t i = 0; i < r.n_out; ++i) s += d[static_cast<std::size_t>(i * ch.c_out + j)];
+          db_ref.data<double>()[j] = s;
+        }
+      }
+
+      // Two GPU runs of every pass.
+      auto run = [&](bool with_map) {
+        ConvArgs a;
+        a.dtype = dt;
+        a.rel = dev.view(r, with_map);
+        a.c_in = ch.c_in;
+        a.c_out = ch.c_out;
+        a.x = xd.raw_data();
+        a.w = wd.raw_data();
+        a.dy = dyd.raw_data();
+        a.device = kGpu;
+        a.allow_tf32 = allow_tf32;
+        std::vector<Array> outs{Array::empty({r.n_out, ch.c_out}, dt, kGpu),
+                                Array::empty({r.n_out, ch.c_out}, dt, kGpu),
+                                Array::empty({r.n_in, ch.c_in}, dt, kGpu),
+                                Array::empty({kv, ch.c_in, ch.c_out}, dt, kGpu),
+                                Array::empty({ch.c_out}, dt, kGpu)};
+        a.y = outs[0].raw_data();
+        gpu->forward(a);
+        a.bias = bd.raw_data();
+        a.y = outs[1].raw_data();
+        gpu->forward(a);
+        a.dx = outs[2].raw_data();
+        gpu->input_grad(a);
+        a.dw = outs[3].raw_data();
+        gpu->weight_grad(a);
+        if (gpu->bias_grad) {
+          a.dbias = outs[4].raw_data();
+          gpu->bias_grad(a);
+        }
+        return outs;
+      };
+      const std::vector<Array> first = run(true);
+      const std::vector<Array> second = run(true);
+      const std::vector<Array> built_map = run(false);
+      expect_close(first[0], y_ref, tol, "forward");
+      expect_close(first[1], yb_ref, tol, "forward with bias");
+      expect_close(first[2], dx_ref, tol, "input_grad");
+      expect_close(first[3], dw_ref, tol, "weight_grad");
+      if (gpu->bias_grad) expect_close(first[4], db_ref.to(Device::cpu()), dt == Dtype::f32 ? 1e-5 : tol, "bias_grad");
+      const char* names[] = {"forward", "forward with bias", "input_grad", "weight_grad", "bias_grad"};
+      for (std::size_t i = 0; i < first.size(); ++i) {
+        if (i == 4 && !gpu->bias_grad) continue;
+        EXPECT_TRUE(same_bytes(first[i], second[i])) << names[i] << ": repeated runs differ";
+        EXPECT_TRUE(same_bytes(first[i], built_map[i])) << names[i] << ": gemm_map given vs built differ";
+      }
+    }
+  }
+}
+
+TEST(CudaConv, GatherGemmScatterF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_gather_gemm_scatter);
+  check_route(RouteId::conv_cuda_gather_gemm_scatter, Dtype::f32, false);
+}
+TEST(CudaConv, GatherGemmScatterF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_gather_gemm_scatter);
+  check_route(RouteId::conv_cuda_gather_gemm_scatter, Dtype::f16, false);
+}
+TEST(CudaConv, GatherGemmScatterBF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_gather_gemm_scatter);
+  check_route(RouteId::conv_cuda_gather_gemm_scatter, Dtype::bf16, false);
+}
+TEST(CudaConv, GatherGemmScatterTF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_gather_gemm_scatter);
+  check_route(RouteId::conv_cuda_gather_gemm_scatter, Dtype::f32, true);
+}
+TEST(CudaConv, ImplicitGemmSm80F16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_route(RouteId::conv_implicit_gemm_sm80, Dtype::f16, false);
+}
+TEST(CudaConv, ImplicitGemmSm80BF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_route(RouteId::conv_implicit_gemm_sm80, Dtype::bf16, false);
+}
+TEST(CudaConv, ImplicitGemmSm80TF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_route(RouteId::conv_implicit_gemm_sm80, Dtype::f32, true);
+}
+
+// Admission: which CUDA routes take which problems (no device needed).
+TEST(CudaConv, AdmissionRows) {
+  DeviceCaps caps;
+  caps.cuda.built = true;
+  caps.cuda.device_count = 1;
+  caps.cuda.sm = 90;
+  caps.cuda.tier = GpuTier::hopper;
+  caps.cuda.status = "ok";
+  ConvProblem p;
+  p.device = kGpu;
+  p.kernel_volume = 27;
+  auto chosen = [&](Dtype dt, bool tf32) {
+    p.dtype = dt;
+    p.allow_tf32 = tf32;
+    return explain(p, caps, RoutePolicy{}).chosen;
+  };
+  EXPECT_EQ(chosen(Dtype::f16, false), RouteId::conv_implicit_gemm_sm80);
+  EXPECT_EQ(chosen(Dtype::bf16, false), RouteId::conv_implicit_gemm_sm80);
+  EXPECT_EQ(chosen(Dtype::f32, false), RouteId::conv_cuda_gather_gemm_scatter);
+  EXPECT_EQ(chosen(Dtype::f32, true), RouteId::conv_implicit_gemm_sm80);
+  EXPECT_FALSE(chosen(Dtype::f64, false).has_value());
+  caps.cuda.sm = 75;
+  caps.cuda.tier = GpuTier::classic;
+  EXPECT_EQ(chosen(Dtype::f16, false), RouteId::conv_cuda_gather_gemm_scatter);
+  p.device = Device::cpu();
+  p.dtype = Dtype::f16;
+  const Explanation e = explain(p, caps, RoutePolicy{});
+  ASSERT_NE(e.row(RouteId::conv_cuda_gather_gemm_scatter), nullptr);
+  EXPECT_FALSE(e.row(RouteId::conv_cuda_gather_gemm_scatter)->verdict.admitted);
+  EXPECT_FALSE(e.row(RouteId::conv_implicit_gemm_sm80)->verdict.admitted);
+}
+
+}  // namespace
+}  // namespace lattice
