@@ -21,7 +21,7 @@ void bind_quantize(py::module_& m) {
         if (route) {
           o.policy.force = route_from_string("quantize", *route);
           if (!o.policy.force)
-            throw ValueError("[sparse_quantize] route: expected 'reference', got '" + *route + "'");
+            throw ValueError("[sparse_quantize] route: expected 'reference' or 'cuda', got '" + *route + "'");
         }
         ops::QuantizeOutput out;
         {
@@ -31,9 +31,11 @@ void bind_quantize(py::module_& m) {
         // drop_invalid adds the kept mask (P) as a fourth element, exported as uint8 0/1 (DLPack
         // consumers such as torch 1.13 do not import bool tensors; the front end casts it back).
         if (drop_invalid) {
-          Array kept = Array::empty({out.kept.dim(0)}, Dtype::u8);
-          std::memcpy(kept.raw_data(), out.kept.raw_data(),
-                      static_cast<std::size_t>(out.kept.dim(0)));
+          // A device mask is copied through the host (the bool -> uint8 relabelling is a memcpy).
+          const Array host = out.kept.to(Device::cpu());
+          Array kept = Array::empty({host.dim(0)}, Dtype::u8);
+          std::memcpy(kept.raw_data(), host.raw_data(), static_cast<std::size_t>(host.dim(0)));
+          kept = kept.to(out.kept.device());
           return py::tuple(py::make_tuple(capsule_from_array(out.coords), capsule_from_array(out.inverse),
                                           capsule_from_array(out.counts), capsule_from_array(kept)));
         }

@@ -20,7 +20,7 @@ RoutePolicy parse_policy(const std::string& op, const std::optional<std::string>
   if (route) {
     p.force = route_from_string("quantized", *route);
     if (!p.force)
-      throw ValueError("[" + op + "] route: expected one of 'fused_dequant_gemm', 'dequant_reference' " +
+      throw ValueError("[" + op + "] route: expected one of 'fused_dequant_gemm', 'cuda_dequant_gemm', 'dequant_reference' " +
                        "for a QuantizedWeight, got '" + *route + "'");
   }
   return p;

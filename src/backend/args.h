@@ -88,6 +88,7 @@ struct DequantizeArgs {
   QuantizedWeightArgs w;
   Dtype dtype = Dtype::f32;
   void* out = nullptr;
+  Device device = Device::cpu();  // where the weight arrays and out live
 };
 // A fused forward: y (n_out, C_out) = bias + sum over edges (i, o, k) of x[i] @ W[k], with rel
 // identity (K == 1, n_in == n_out, no edge lists read) for linear and 1x1x1 identity relations,
@@ -99,6 +100,7 @@ struct QuantizedConvArgs {
   const void* x = nullptr;     // (n_in, C_in)
   const void* bias = nullptr;  // (C_out) or null
   void* y = nullptr;           // (n_out, C_out) output, fully overwritten
+  Device device = Device::cpu();  // where every array above lives (CUDA: the stream's device)
 };
 
 // Point quantization: coords = floor((p - origin) / voxel) with the batch id, unique rows in

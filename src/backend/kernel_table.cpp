@@ -21,6 +21,7 @@
 #include "backend/cuda/common/relation_build.h"
 #include "backend/cuda/point_voxel/point_voxel_routes.h"
 #include "backend/cuda/pool/pool_routes.h"
+#include "backend/cuda/quantized/quantized_routes.h"
 #endif
 
 namespace lattice::backend {
@@ -180,6 +181,12 @@ const DeviceCoordKernels* find_device_coord_kernels(Device device) {
 const QuantizedKernels* find_quantized_kernels(RouteId id) {
   static const QuantizedKernels dequant_reference{cpu::quantized_dequantize_reference, nullptr};
   static const QuantizedKernels fused{nullptr, cpu::quantized_fused_dequant_gemm_forward};
+#if LATTICE_HAS_CUDA
+  // The CUDA route's entry also carries the device decoder that dequant_reference uses for CUDA data.
+  static const QuantizedKernels cuda_dequant_gemm{cuda::quantized_cuda_dequantize,
+                                                  cuda::quantized_cuda_dequant_gemm_forward};
+  if (id == RouteId::quantized_cuda_dequant_gemm) return &cuda_dequant_gemm;
+#endif
   switch (id) {
     case RouteId::quantized_dequant_reference: return &dequant_reference;
     case RouteId::quantized_fused_dequant_gemm: return &fused;

@@ -22,7 +22,8 @@ struct ConvKernels {
 const ConvKernels* find_conv_kernels(RouteId id);
 
 // Packed affine weights (family "quantized"): dequant_reference fills `dequantize` (the semantic
-// layer then runs the float conv route), fused_dequant_gemm fills `forward`.
+// layer then runs the float conv route), fused_dequant_gemm fills `forward`; cuda_dequant_gemm
+// fills `forward` and `dequantize` (the device decoder dequant_reference runs on CUDA data).
 struct QuantizedKernels {
   void (*dequantize)(const DequantizeArgs&) = nullptr;
   void (*forward)(const QuantizedConvArgs&) = nullptr;

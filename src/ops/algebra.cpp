@@ -29,6 +29,12 @@ backend::CoordFinder finder(const CoordIndex& index) { return {&index, find_in_i
 // layer inspects: row maps and output coordinates).
 Array on_host(const Array& arr) { return arr.device().is_cpu() ? arr : arr.to(Device::cpu()); }
 
+// `arr` contiguous; an array without elements becomes a fresh empty one (torch may export a
+// zero-row tensor with strides such as (1, 0), which a CUDA clone would refuse).
+Array packed(const Array& arr) {
+  return arr.numel() == 0 ? Array::empty(arr.shape(), arr.dtype(), arr.device()) : arr.contiguous();
+}
+
 // "[op] arg: expected a tensor on <expected>, got <got>" when the devices differ.
 void check_device(std::string_view op, std::string_view arg, Device expected, Device got) {
   if (got != expected) throw_value_error(op, arg, "a tensor on " + to_string(expected), to_string(got));
@@ -256,8 +262,8 @@ Array combine_forward(const Alignment& a, AlgebraOp op, const Array& lhs_feats,
       combine_problem(a, op, AlgebraPass::forward, lhs_feats.dtype(), lhs_feats.device(), c_out),
       backend::device_caps(), effective_policy(options.policy, kFamily));
   const backend::AlgebraKernels& k = kernels_for(e);
-  const Array lhs = lhs_feats.contiguous();
-  const Array rhs = rhs_feats.contiguous();
+  const Array lhs = packed(lhs_feats);
+  const Array rhs = packed(rhs_feats);
   Array out = Array::empty({a.size(), c_out}, lhs.dtype(), lhs.device());
   backend::CombineArgs args = combine_args(a, op, lhs, rhs, options.fill);
   args.out = out.raw_data();
@@ -285,9 +291,9 @@ CombineGrads combine_backward(const Alignment& a, AlgebraOp op, const Array& lhs
       combine_problem(a, op, AlgebraPass::backward, lhs_feats.dtype(), lhs_feats.device(), c_out),
       backend::device_caps(), effective_policy(options.policy, kFamily));
   const backend::AlgebraKernels& k = kernels_for(e);
-  const Array lhs = lhs_feats.contiguous();
-  const Array rhs = rhs_feats.contiguous();
-  const Array dout = grad_out.contiguous();
+  const Array lhs = packed(lhs_feats);
+  const Array rhs = packed(rhs_feats);
+  const Array dout = packed(grad_out);
   backend::CombineArgs args = combine_args(a, op, lhs, rhs, options.fill);
   args.dout = dout.raw_data();
   if (need_lhs) {

@@ -25,6 +25,12 @@ std::int64_t find_in_index(const void* index, const geometry::Coord4& c) {
 // layer validates value by value, and device results it post-processes).
 Array on_host(const Array& arr) { return arr.device().is_cpu() ? arr : arr.to(Device::cpu()); }
 
+// `arr` contiguous; an array without elements becomes a fresh empty one (torch may export a
+// zero-row tensor with strides such as (1, 0), which a CUDA clone would refuse).
+Array packed(const Array& arr) {
+  return arr.numel() == 0 ? Array::empty(arr.shape(), arr.dtype(), arr.device()) : arr.contiguous();
+}
+
 // "[op] arg: expected a tensor on <expected>, got <got>" when the devices differ.
 void check_device(std::string_view op, std::string_view arg, Device expected, Device got) {
   if (got != expected) throw_value_error(op, arg, "a tensor on " + to_string(expected), to_string(got));
@@ -118,7 +124,7 @@ Array lookup(std::string_view op, const std::shared_ptr<CoordinateSet>& table, c
   // CPU routes probe the set's index (building it rejects repeated rows); device routes hash the
   // table themselves.
   const CoordIndex* index = device.is_cpu() ? &table->index(op) : nullptr;
-  const Array q = queries.contiguous();
+  const Array q = packed(queries);
   const Explanation e = explain(lookup_problem(op, *table, q.dim(0)), backend::device_caps(),
                                 effective_policy(policy, "algebra"));
   const backend::AlgebraKernels* k = backend::find_algebra_kernels(chosen_or_throw(e));
@@ -139,7 +145,7 @@ Array lookup(std::string_view op, const std::shared_ptr<CoordinateSet>& table, c
 
 Array morton(std::string_view op, const Array& coords, bool order, const RoutePolicy& policy) {
   check_coords(op, "coords", coords, true);
-  const Array c = coords.contiguous();
+  const Array c = packed(coords);
   const std::int64_t n = c.dim(0), cols = c.dim(1);
   const Array host = on_host(c);
   const auto* v = host.data<std::int32_t>();
@@ -200,7 +206,7 @@ DownsampleOutput downsample_coords(const Array& coords, Int3 stride, const Route
   check_coords(op, "coords", coords, false);
   for (std::int32_t s : stride)
     if (s < 1) throw_value_error(op, "stride", "positive integers", to_string(stride));
-  const Array c = coords.contiguous();
+  const Array c = packed(coords);
   const backend::CoordsKernels& k = coords_kernels(op, c, policy);
   backend::DownsampleArgs args;
   args.n = c.dim(0);
@@ -228,7 +234,7 @@ Array prune_rows(const Array& coords, const Array& mask, const RoutePolicy& poli
   if (mask.ndim() != 1 || mask.dim(0) != n)
     throw_value_error(op, "mask", shape, format_shape(mask.shape()));
   check_device(op, "mask", coords.device(), mask.device());
-  const Array m = mask.contiguous();
+  const Array m = packed(mask);
   const backend::CoordsKernels& k = coords_kernels(op, coords, policy);
   backend::SelectArgs args;
   args.n = n;
@@ -244,7 +250,7 @@ Array crop_rows(const Array& coords, Int3 lo, Int3 hi, const RoutePolicy& policy
     if (hi[axis] < lo[axis])
       throw_value_error(op, "hi", "values >= lo " + to_string(lo) + " on every axis",
                         to_string(hi));
-  const Array c = coords.contiguous();
+  const Array c = packed(coords);
   const backend::CoordsKernels& k = coords_kernels(op, c, policy);
   backend::SelectArgs args;
   args.n = c.dim(0);
@@ -265,7 +271,7 @@ CollateOutput collate_coords(const std::vector<Array>& samples, const RoutePolic
     const std::string arg = "samples[" + std::to_string(i) + "] coords";
     check_coords(op, arg, samples[i], true);
     check_device(op, arg, samples.front().device(), samples[i].device());
-    held.push_back(samples[i].contiguous());
+    held.push_back(packed(samples[i]));
     rows.push_back({held.back().dim(0), held.back().dim(1), held.back().data<std::int32_t>(),
                     held.back().device()});
     total += held.back().dim(0);
@@ -282,7 +288,7 @@ Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> 
   check_coords(op, "coords", coords, false);
   for (std::int64_t s : size)
     if (s < 0) throw_value_error(op, "shape", "non-negative sizes", format_shape(size));
-  const Array c = coords.contiguous();
+  const Array c = packed(coords);
   const std::int64_t n = c.dim(0);
   const Array host = on_host(c);
   const auto* v = host.data<std::int32_t>();
@@ -322,7 +328,7 @@ NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& p
   for (int axis = 0; axis < 3; ++axis)
     if (std::int64_t{origin[axis]} + site.dim(axis + 1) - 1 > std::int64_t{kInt32Max})
       throw_value_error(op, "origin", "origin + shape within int32", to_string(origin));
-  const Array m = site.contiguous();
+  const Array m = packed(site);
   const std::int64_t cells = m.dim(0) * m.dim(1) * m.dim(2) * m.dim(3);
   const backend::CoordsKernels& k = coords_kernels(coords_problem(op, m.device(), cells), policy);
   backend::NonzeroArgs args;

@@ -1,11 +1,14 @@
 // Semantic layer of packed affine weights: validates a QuantizedWeight against the op, fills a
 // QuantizedProblem, asks the route layer and runs the chosen route from the kernel table
-// (dequant_reference: the whole weight dequantized, then the float conv route; fused_dequant_gemm:
-// tiles decoded inside the GEMM loop).
+// (dequant_reference: the whole weight dequantized, then the float conv route; fused_dequant_gemm
+// (CPU) and cuda_dequant_gemm (CUDA): tiles decoded inside the GEMM loop). Features, weight
+// arrays, bias and relation all live on one device.
 #include "lattice/ops/quantized.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "backend/kernel_table.h"
 #include "lattice/core/error.h"
@@ -49,8 +52,7 @@ CheckedQuantized check_quantized(std::string_view op, const QuantizedWeight& w, 
   for (const Array* a : {&w.packed, &w.scales, &w.biases}) {
     if (!a->defined()) throw_value_error(op, "weight", "packed, scales and biases arrays", "a missing array");
     if (a->device() != device)
-      throw_value_error(op, "weight", "packed words, scales and biases on the device of feats (" + to_string(device) + ")",
-                        to_string(a->device()));
+      throw_value_error(op, "weight", "a tensor on " + to_string(device), to_string(a->device()));
   }
   if (w.packed.dtype() != Dtype::i32 && w.packed.dtype() != Dtype::u32)
     throw_type_error(op, "weight", "packed words of int32 or uint32", to_string(w.packed.dtype()));
@@ -171,6 +173,11 @@ backend::RelationView view_of(const Relation& r) {
   v.k_in = r.k_in.data<std::int32_t>();
   v.k_out = r.k_out.data<std::int32_t>();
   v.identity = r.identity;
+  // Device routes read the cached N_out x K map (built with the relation on the device).
+  if (r.in_idx.defined() && r.in_idx.device().is_cuda()) {
+    const Array& map = r.gemm_map();
+    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
+  }
   return v;
 }
 
@@ -235,15 +242,47 @@ const backend::QuantizedKernels& kernels_of(RouteId id) {
   return *k;
 }
 
+// The whole weight (K, C_in, C_out) of `dtype` on `device`: dequant_reference's decoder (on
+// CUDA data the device decoder, which the kernel table files under the CUDA route).
 Array dequantize_checked(const CheckedQuantized& w, Dtype dtype, const Device& device) {
-  const backend::QuantizedKernels& k = kernels_of(RouteId::quantized_dequant_reference);
+  const backend::QuantizedKernels& k = kernels_of(device.is_cpu() ? RouteId::quantized_dequant_reference
+                                                                  : RouteId::quantized_cuda_dequant_gemm);
+  LATTICE_ASSERT(k.dequantize != nullptr, "quantized route has no dequantize kernel");
   Array out = Array::empty({w.args.kernel_volume, w.args.c_in, w.args.c_out}, dtype, device);
   backend::DequantizeArgs a;
   a.w = w.args;
   a.dtype = dtype;
   a.out = out.raw_data();
+  a.device = device;
   k.dequantize(a);
   return out;
+}
+
+// An identity relation (edges (i, i, 0), K = 1) with every array on `device`, for the float
+// device conv routes that read edge lists (linear's dequant_reference on CUDA data). Built on the
+// host and copied: a reference path, O(n) once per call.
+struct IdentityArrays {
+  Array idx, zeros, out_ptr, k_ptr;
+  backend::RelationView view;
+};
+IdentityArrays identity_on(std::int64_t n, const Device& device) {
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::vector<std::int64_t> ptr(static_cast<std::size_t>(n + 1));
+  std::iota(ptr.begin(), ptr.end(), std::int64_t{0});
+  IdentityArrays a;
+  a.idx = Array::from_vector<std::int32_t>(idx, {n}).to(device);
+  a.zeros = Array::from_vector<std::int32_t>(std::vector<std::int32_t>(static_cast<std::size_t>(n), 0), {n}).to(device);
+  a.out_ptr = Array::from_vector<std::int64_t>(ptr, {n + 1}).to(device);
+  a.k_ptr = Array::from_vector<std::int64_t>({0, n}, {2}).to(device);
+  backend::RelationView& v = a.view;
+  v = identity_view(n);
+  v.in_idx = v.out_idx = v.k_in = v.k_out = a.idx.data<std::int32_t>();
+  v.k_idx = a.zeros.data<std::int32_t>();
+  v.out_ptr = a.out_ptr.data<std::int64_t>();
+  v.k_ptr = a.k_ptr.data<std::int64_t>();
+  v.gemm_map = a.idx.data<std::int32_t>();  // (n, 1): row i reads row i
+  return a;
 }
 
 }  // namespace
@@ -267,6 +306,8 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
   a.x = x.raw_data();
   a.bias = b.defined() ? b.raw_data() : nullptr;
   a.y = y.raw_data();
+  a.device = x.device();
+  LATTICE_ASSERT(k.forward != nullptr, "quantized route has no forward kernel");
   k.forward(a);
   return y;
 }
@@ -299,14 +340,20 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
     cp.c_out = w.args.c_out;
     cp.kernel_volume = 1;
     cp.identity_relation = true;
+    // CPU: pointwise_matmul; CUDA: cuda_gather_gemm_scatter (f32 without tf32) over an identity
+    // relation whose edge arrays live on the device.
+    const bool on_cpu = x.device().is_cpu();
     RoutePolicy force;
-    force.force = RouteId::conv_pointwise_matmul;
+    force.force = on_cpu ? RouteId::conv_pointwise_matmul : RouteId::conv_cuda_gather_gemm_scatter;
     const RouteId fid = chosen_or_throw(explain(cp, backend::device_caps(), force));
     const backend::ConvKernels* ck = backend::find_conv_kernels(fid);
     LATTICE_ASSERT(ck != nullptr, "admitted conv route has no kernels in this build");
+    IdentityArrays ident;
+    if (!on_cpu) ident = identity_on(n, x.device());
     backend::ConvArgs a;
     a.dtype = x.dtype();
-    a.rel = identity_view(n);
+    a.rel = on_cpu ? identity_view(n) : ident.view;
+    a.device = x.device();
     a.c_in = w.args.c_in;
     a.c_out = w.args.c_out;
     a.x = x.raw_data();
@@ -324,6 +371,8 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
   a.x = x.raw_data();
   a.bias = b.defined() ? b.raw_data() : nullptr;
   a.y = y.raw_data();
+  a.device = x.device();
+  LATTICE_ASSERT(k.forward != nullptr, "quantized route has no forward kernel");
   k.forward(a);
   return y;
 }
@@ -349,8 +398,10 @@ Array dequantize_kernel_major(std::string_view op, const QuantizedWeight& weight
     kv = weight.shape[1] * weight.shape[2] * weight.shape[3];
   }
   if (!weight.packed.defined()) throw_value_error(op, "weight", "packed words", "nothing");
-  if (!weight.packed.device().is_cpu())
-    throw UnsupportedError("[" + std::string(op) + "] weight: expected a CPU weight, got " + to_string(weight.packed.device()));
+  if (!weight.packed.device().is_cpu() &&
+      backend::find_quantized_kernels(RouteId::quantized_cuda_dequant_gemm) == nullptr)
+    throw UnsupportedError("[" + std::string(op) + "] weight: expected a CPU weight (this build has no CUDA backend), got " +
+                           to_string(weight.packed.device()));
   const CheckedQuantized w = check_quantized(op, weight, c_in, weight.packed.device(), is_linear, kv, ks);
   return dequantize_checked(w, dtype, weight.packed.device());
 }

@@ -1,6 +1,7 @@
 // The route table of packed affine int4/int8 weights (family "quantized"): the forward pass of
 // linear and of every convolution kind with a QuantizedWeight. Each row's admit() matches the
-// Constraints comment of its kernel file under src/backend/cpu/quantized/.
+// Constraints comment of its kernel file under src/backend/cpu/quantized/ or
+// src/backend/cuda/quantized/.
 #include <cstdio>
 
 #include "route/route_table.h"
@@ -29,8 +30,17 @@ std::string to_string(const QuantizedProblem& p) {
 namespace {
 
 using route_detail::needs_cpu;
+using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
+
+// src/backend/cuda/quantized/dequant_gemm.cu
+Verdict admit_cuda_dequant_gemm(const QuantizedProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  if (p.dtype != Dtype::f32 && p.dtype != Dtype::f16 && p.dtype != Dtype::bf16)
+    return Verdict::no("needs float32, float16 or bfloat16 activations, got " + std::string(to_string(p.dtype)));
+  return Verdict::ok();
+}
 
 Verdict admit_fused_dequant_gemm(const QuantizedProblem& p, const DeviceCaps& caps) {
   if (auto v = needs_cpu(p.device); !v.admitted) return v;
@@ -40,12 +50,23 @@ Verdict admit_fused_dequant_gemm(const QuantizedProblem& p, const DeviceCaps& ca
   return Verdict::ok();
 }
 
-Verdict admit_dequant_reference(const QuantizedProblem& p, const DeviceCaps&) {
+// src/backend/cpu/quantized/dequant_reference.cpp (CPU data) and
+// src/backend/cuda/quantized/dequant_reference.cu (CUDA data: f32 / f16 / bf16, the dtypes of
+// the float CUDA conv routes that run next).
+Verdict admit_dequant_reference(const QuantizedProblem& p, const DeviceCaps& caps) {
+  if (p.device.is_cuda()) {
+    if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+    if (p.dtype != Dtype::f32 && p.dtype != Dtype::f16 && p.dtype != Dtype::bf16)
+      return Verdict::no("on cuda needs float32, float16 or bfloat16 activations (float64 runs on cpu), got " +
+                         std::string(to_string(p.dtype)));
+    return Verdict::ok();
+  }
   if (auto v = needs_cpu(p.device); !v.admitted) return v;
   return needs_float(p.dtype);
 }
 
-constexpr std::array<RouteSpec<QuantizedProblem>, 2> kQuantizedRoutes{{
+constexpr std::array<RouteSpec<QuantizedProblem>, 3> kQuantizedRoutes{{
+    {RouteId::quantized_cuda_dequant_gemm, 0, admit_cuda_dequant_gemm},
     {RouteId::quantized_fused_dequant_gemm, 0, admit_fused_dequant_gemm},
     {RouteId::quantized_dequant_reference, 9, admit_dequant_reference},
 }};

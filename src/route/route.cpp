@@ -29,6 +29,7 @@ std::string_view to_string(RouteId id) {
     case RouteId::coords_cuda: return "cuda";
     case RouteId::quantized_dequant_reference: return "dequant_reference";
     case RouteId::quantized_fused_dequant_gemm: return "fused_dequant_gemm";
+    case RouteId::quantized_cuda_dequant_gemm: return "cuda_dequant_gemm";
   }
   return "unknown";
 }
@@ -55,7 +56,8 @@ std::string_view op_family(RouteId id) {
     case RouteId::coords_reference:
     case RouteId::coords_cuda: return "coords";
     case RouteId::quantized_dequant_reference:
-    case RouteId::quantized_fused_dequant_gemm: return "quantized";
+    case RouteId::quantized_fused_dequant_gemm:
+    case RouteId::quantized_cuda_dequant_gemm: return "quantized";
   }
   return "unknown";
 }
@@ -69,7 +71,8 @@ std::optional<RouteId> route_from_string(std::string_view family, std::string_vi
                      RouteId::conv_cuda_gather_gemm_scatter, RouteId::conv_implicit_gemm_sm80,
                      RouteId::quantize_cuda, RouteId::point_voxel_cuda, RouteId::pool_cuda_csr_reduce,
                      RouteId::algebra_cuda_hashed, RouteId::coords_cuda,
-                     RouteId::quantized_dequant_reference, RouteId::quantized_fused_dequant_gemm}) {
+                     RouteId::quantized_dequant_reference, RouteId::quantized_fused_dequant_gemm,
+                     RouteId::quantized_cuda_dequant_gemm}) {
     if (op_family(id) == family && to_string(id) == name) return id;
   }
   return std::nullopt;

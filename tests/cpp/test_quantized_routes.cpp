@@ -1,6 +1,8 @@
 // Specification tests of the "quantized" route table (packed int4/int8 weights, issue 7):
 // fused_dequant_gemm preferred on CPU with a BLAS for f32/f16/bf16 activations, dequant_reference
-// for every float dtype on CPU; both rejected off the CPU; route names and families.
+// for every float dtype on CPU; both rejected off the CPU in a build without CUDA; on a CUDA
+// device cuda_dequant_gemm preferred (any tier), dequant_reference admitted for f32/f16/bf16;
+// route names and families.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -43,8 +45,9 @@ TEST(QuantizedRoutes, FusedPreferredForF32F16BF16) {
     const Explanation e = explain(problem(d), caps_with("blis-serial"));
     ASSERT_TRUE(e.chosen);
     EXPECT_EQ(*e.chosen, RouteId::quantized_fused_dequant_gemm);
-    ASSERT_EQ(e.rows.size(), 2u);
+    ASSERT_EQ(e.rows.size(), 3u);
     EXPECT_TRUE(e.row(RouteId::quantized_dequant_reference)->verdict.admitted);
+    EXPECT_FALSE(e.row(RouteId::quantized_cuda_dequant_gemm)->verdict.admitted);  // CPU data
   }
 }
 
@@ -72,7 +75,38 @@ TEST(QuantizedRoutes, CudaDataAdmitsNoRouteAndForcedRouteIsReported) {
   EXPECT_NE(bad.forced_reason.find("is not a route of subm_conv3d"), std::string::npos);
 }
 
+TEST(QuantizedRoutes, CudaDeviceChoosesCudaDequantGemm) {
+  DeviceCaps caps = caps_with("blis-serial");
+  caps.cuda.built = true;
+  caps.cuda.status = "ok";
+  caps.cuda.device_count = 1;
+  caps.cuda.sm = 75;
+  caps.cuda.tier = GpuTier::classic;
+  for (Dtype d : {Dtype::f32, Dtype::f16, Dtype::bf16}) {
+    QuantizedProblem p = problem(d);
+    p.device = Device::cuda(0);
+    const Explanation e = explain(p, caps);
+    ASSERT_TRUE(e.chosen);
+    EXPECT_EQ(*e.chosen, RouteId::quantized_cuda_dequant_gemm);
+    EXPECT_EQ(e.rows.front().id, RouteId::quantized_cuda_dequant_gemm);
+    EXPECT_TRUE(e.row(RouteId::quantized_dequant_reference)->verdict.admitted);
+    EXPECT_NE(e.row(RouteId::quantized_fused_dequant_gemm)->verdict.reason.find("runs on cpu"), std::string::npos);
+  }
+  QuantizedProblem p64 = problem(Dtype::f64);
+  p64.device = Device::cuda(0);
+  const Explanation e64 = explain(p64, caps);
+  EXPECT_FALSE(e64.chosen);
+  EXPECT_NE(e64.row(RouteId::quantized_cuda_dequant_gemm)->verdict.reason.find("float64"), std::string::npos);
+  // CPU data never runs the CUDA route
+  const Explanation cpu = explain(problem(Dtype::f32), caps);
+  EXPECT_EQ(*cpu.chosen, RouteId::quantized_fused_dequant_gemm);
+  EXPECT_NE(cpu.row(RouteId::quantized_cuda_dequant_gemm)->verdict.reason.find("runs on cuda"), std::string::npos);
+}
+
 TEST(QuantizedRoutes, NamesAndFamily) {
+  EXPECT_EQ(to_string(RouteId::quantized_cuda_dequant_gemm), "cuda_dequant_gemm");
+  EXPECT_EQ(op_family(RouteId::quantized_cuda_dequant_gemm), "quantized");
+  EXPECT_EQ(route_from_string("quantized", "cuda_dequant_gemm"), RouteId::quantized_cuda_dequant_gemm);
   EXPECT_EQ(to_string(RouteId::quantized_fused_dequant_gemm), "fused_dequant_gemm");
   EXPECT_EQ(to_string(RouteId::quantized_dequant_reference), "dequant_reference");
   EXPECT_EQ(op_family(RouteId::quantized_fused_dequant_gemm), "quantized");

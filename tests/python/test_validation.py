@@ -431,7 +431,7 @@ def test_sparse_quantize_voxel_index_outside_int32_raises_value_error():
 
 
 def test_sparse_quantize_unknown_route_raises_value_error():
-    with pytest.raises(ValueError, match=r"^\[sparse_quantize\] route: expected 'reference', got 'fast'"):
+    with pytest.raises(ValueError, match=r"^\[sparse_quantize\] route: expected 'reference' or 'cuda', got 'fast'"):
         ops.sparse_quantize(torch.zeros(2, 3), 1.0, route="fast")
 
 

@@ -38,6 +38,7 @@ enum class RouteId {
   // Packed affine weights (family "quantized").
   quantized_dequant_reference,     // src/backend/cpu/quantized/dequant_reference.cpp
   quantized_fused_dequant_gemm,   // src/backend/cpu/quantized/fused_dequant_gemm.cpp
+  quantized_cuda_dequant_gemm,    // src/backend/cuda/quantized/dequant_gemm.cu
 };
 // Public route names drop the op prefix: "reference", "pointwise_matmul", ...
 std::string_view to_string(RouteId id);

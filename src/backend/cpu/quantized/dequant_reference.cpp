@@ -1,5 +1,6 @@
-// Constraints: CPU; any float activation dtype (f16, bf16, f32, f64); any relation kind and
-// linear; bits 4 / 8, group 32 / 64 / 128, scales f16 / bf16 / f32. Deterministic.
+// Constraints: CPU (this file; CUDA data: src/backend/cuda/quantized/dequant_reference.cu); any
+// float activation dtype (f16, bf16, f32, f64); any relation kind and linear; bits 4 / 8, group
+// 32 / 64 / 128, scales f16 / bf16 / f32. Deterministic.
 //
 // The reference route of packed weights: the whole weight is dequantized to (K, C_in, C_out) of
 // the activation dtype (value = scale*code + bias in f32, rounded to the scale dtype, then to the

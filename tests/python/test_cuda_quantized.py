@@ -1,0 +1,224 @@
+"""Packed int4/int8 weights on CUDA (issue 7: the dequant-in-kernel route ``cuda_dequant_gemm``).
+
+The contract on the device: op(X, Q) on cuda ~= op(X, dequantize_weight(Q)) on the CPU, within
+f32 1e-5 / f16 2e-3 / bf16 1e-2 of ||ref|| (norm-relative), for every relation kind, both layouts,
+bits 4 / 8, groups 32 / 64 / 128, for ``cuda_dequant_gemm`` (the default on cuda) and
+``dequant_reference`` (device decode + the float CUDA conv route); repeated runs bitwise equal;
+``explain()`` names the route; mixed devices are a ValueError. Everything here needs a CUDA device
+and lattice's CUDA backend and is skipped with the reason otherwise (the CPU routes are covered by
+test_quantized_ops.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lattice
+import lattice.nn as lnn
+from lattice import QuantizedWeight, dequantize_weight, quantize_weight
+
+
+def _cuda_reason():
+    if not torch.cuda.is_available():
+        return "needs CUDA: torch.cuda.is_available() is False (no GPU on this machine)"
+    caps = lattice.device_caps().get("cuda", {})
+    if not caps.get("built"):
+        return "needs CUDA: lattice was built without the CUDA backend"
+    if not caps.get("device_count"):
+        return f"needs CUDA: lattice sees no CUDA device ({caps.get('status')})"
+    return None
+
+
+REASON = _cuda_reason()
+if REASON is not None:
+    print(f"test_cuda_quantized.py: skipped: {REASON}")
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+DEV = torch.device("cuda", 0)
+
+ROUTES = ["cuda_dequant_gemm", "dequant_reference"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# relation kind -> (op, kernel size, kwargs, input: "fine" or "coarse", target: None / "fine" / "coarse")
+KINDS = {
+    "submanifold": ("subm_conv3d", 3, {}, "fine", None),
+    "identity": ("subm_conv3d", 1, {}, "fine", None),
+    "forward": ("conv3d", 2, {"stride": 2}, "fine", None),
+    "target": ("conv3d", 3, {"stride": 2, "padding": 1}, "fine", "coarse"),
+    "transposed": ("conv_transpose3d", 2, {"stride": 2}, "coarse", None),
+    "transposed_target": ("conv_transpose3d", 3, {"stride": 2, "padding": 1}, "coarse", "fine"),
+    "generative": ("generative_conv_transpose3d", 2, {"stride": 2}, "coarse", None),
+}
+C_IN, C_OUT = 40, 70  # neither a multiple of a group nor of the 64-channel tile
+
+
+def _coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(-side, side, (n, 3), generator=g)
+    b = torch.randint(0, batches, (n, 1), generator=g)
+    return torch.unique(torch.cat([b, c], 1), dim=0).to(torch.int32)
+
+
+def _tensors(c_in: int, n: int = 300, seed: int = 0):
+    """A fine tensor (stride 1) and its stride-2 coarse tensor on the CPU, features N(0, 1) f32."""
+    fine_c = _coords(n, 6, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    fine = lattice.SparseTensor(fine_c, torch.randn(fine_c.shape[0], c_in, generator=g))
+    probe = lattice.ops.conv3d(fine, torch.zeros(1, 2, 2, 2, c_in), stride=2)
+    coarse = lattice.SparseTensor(probe.coords, torch.randn(probe.coords.shape[0], c_in, generator=g), stride=2)
+    return fine, coarse
+
+
+def _weight(layout: str, k: int, c_in: int, c_out: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if layout == "dense_5d":
+        return torch.randn(c_out, k, k, k, c_in, generator=g) / (k ** 1.5 * c_in) ** 0.5
+    return torch.randn(k ** 3, c_in, c_out, generator=g) / (k ** 1.5 * c_in) ** 0.5
+
+
+def _to(q: QuantizedWeight, device) -> QuantizedWeight:
+    return QuantizedWeight(q.packed.to(device), q.scales.to(device), q.biases.to(device), q.bits, q.group_size,
+                           q.layout, q.shape)
+
+
+def _call(kind: str, x, w, bias=None, route=None, fine=None, coarse=None):
+    op, k, kw, _, tgt = KINDS[kind]
+    kw = dict(kw)
+    if isinstance(w, torch.Tensor) and w.dim() == 3 or isinstance(w, QuantizedWeight) and w.layout == "kernel_major":
+        kw["kernel_size"] = k
+    if tgt is not None:
+        kw["coordinates"] = fine if tgt == "fine" else coarse
+    if route is not None:
+        kw["route"] = route
+    return getattr(lattice.ops, op)(x, w, bias, **kw)
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """||y - ref|| <= tol * ||ref|| (y may live on the device)."""
+    y, ref = y.detach().cpu().double(), ref.detach().cpu().double()
+    assert y.shape == ref.shape
+    assert bool(torch.isfinite(y).all())
+    err, norm = float((y - ref).norm()), max(float(ref.norm()), 1e-6)
+    assert err <= TOL[dtype] * norm, (err, norm, dtype)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("layout", ["dense_5d", "kernel_major"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_quantized_conv_matches_cpu_float_conv_on_dequantized_weight(kind, layout, bits, group):
+    fine, coarse = _tensors(C_IN, seed=hash((kind, layout)) % 1000)
+    _, k, _, src, _ = KINDS[kind]
+    q = quantize_weight(_weight(layout, k, C_IN, C_OUT, seed=bits * 1000 + group), bits=bits, group_size=group,
+                        layout=layout)
+    qd = _to(q, DEV)
+    bias = torch.randn(C_OUT, generator=torch.Generator().manual_seed(5))
+    fine_d, coarse_d = fine.to(DEV), coarse.to(DEV)
+    for dtype in DTYPES:
+        x = fine if src == "fine" else coarse
+        x = x.replace_feats(x.feats.to(dtype))
+        xd = x.to(DEV)
+        ref = _call(kind, x, dequantize_weight(q).to(dtype), bias.to(dtype), fine=fine, coarse=coarse)
+        for route in ROUTES:
+            y = _call(kind, xd, qd, bias.to(dtype).to(DEV), route=route, fine=fine_d, coarse=coarse_d)
+            assert y.feats.device == xd.feats.device and y.feats.dtype == dtype
+            assert torch.equal(y.coords.cpu(), ref.coords) and y.stride == ref.stride
+            _close(y.feats, ref.feats, dtype)
+        # the default route on cuda is the dequant-in-kernel one; it is deterministic
+        y1 = _call(kind, xd, qd, None, fine=fine_d, coarse=coarse_d).feats
+        y2 = _call(kind, xd, qd, None, route="cuda_dequant_gemm", fine=fine_d, coarse=coarse_d).feats
+        assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_cuda_quantized_conv_with_16bit_scales(scale_dtype):
+    fine, _ = _tensors(C_IN, seed=3)
+    q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, seed=4).to(scale_dtype), bits=4)
+    assert q.dtype == scale_dtype
+    ref = lattice.ops.subm_conv3d(fine, dequantize_weight(q).float())
+    for route in ROUTES:
+        _close(lattice.ops.subm_conv3d(fine.to(DEV), _to(q, DEV), route=route).feats, ref.feats, torch.float32)
+
+
+def test_cuda_quantized_many_rows_and_channels():
+    """Several row and channel tiles, many offsets per tile, C_in above one group and tile."""
+    c_in, c_out = 200, 150
+    coords = _coords(6000, 12, seed=7, batches=1)
+    x = lattice.SparseTensor(coords, torch.randn(coords.shape[0], c_in, generator=torch.Generator().manual_seed(8)))
+    for bits in (4, 8):
+        q = quantize_weight(_weight("dense_5d", 3, c_in, c_out, seed=9 + bits), bits=bits, group_size=64)
+        ref = lattice.ops.subm_conv3d(x, dequantize_weight(q))
+        y = lattice.ops.subm_conv3d(x.to(DEV), _to(q, DEV))
+        _close(y.feats, ref.feats, torch.float32)
+        assert torch.equal(y.feats, lattice.ops.subm_conv3d(x.to(DEV), _to(q, DEV)).feats)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cuda_quantized_linear(dtype, bits):
+    fine, _ = _tensors(C_IN, seed=21)
+    w = torch.randn(C_OUT, C_IN, generator=torch.Generator().manual_seed(22)) / C_IN ** 0.5
+    bias = torch.randn(C_OUT, generator=torch.Generator().manual_seed(23))
+    for group in (32, 64, 128):
+        q = quantize_weight(w, bits=bits, group_size=group)
+        x = fine.replace_feats(fine.feats.to(dtype))
+        ref = torch.nn.functional.linear(x.feats.double(), dequantize_weight(q).to(dtype).double(),
+                                         bias.to(dtype).double())
+        for route in ROUTES:
+            y = lattice.ops.linear(x.to(DEV), _to(q, DEV), bias.to(dtype).to(DEV), route=route)
+            assert y.feats.device.type == "cuda" and y.feats.dtype == dtype
+            _close(y.feats, ref, dtype)
+        y1 = lattice.ops.linear(x.to(DEV), _to(q, DEV)).feats
+        assert torch.equal(y1, lattice.ops.linear(x.to(DEV), _to(q, DEV)).feats)
+
+
+def test_cuda_explain_names_the_route():
+    fine, _ = _tensors(C_IN, seed=41)
+    q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 42), bits=4)
+    xd, qd = fine.to(DEV), _to(q, DEV)
+    e = lattice.explain("subm_conv3d", xd, qd)
+    assert e.chosen == "cuda_dequant_gemm"
+    assert [r["route"] for r in e.rows] == ["cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"]
+    assert "runs on cpu" in [r for r in e.rows if r["route"] == "fused_dequant_gemm"][0]["reason"]
+    assert lattice.explain("subm_conv3d", xd, qd, route="dequant_reference").chosen == "dequant_reference"
+    ql = _to(quantize_weight(torch.randn(C_OUT, C_IN), bits=8), DEV)
+    assert lattice.explain("linear", xd, ql).chosen == "cuda_dequant_gemm"
+    # CPU data never takes the CUDA route
+    assert lattice.explain("subm_conv3d", fine, q).chosen == "fused_dequant_gemm"
+    # float64 on cuda: no quantized route (float64 runs on cpu)
+    with pytest.raises(lattice.UnsupportedError, match="float64"):
+        lattice.ops.subm_conv3d(xd.replace_feats(xd.feats.double()), qd)
+
+
+def test_cuda_mixed_devices_are_value_errors():
+    fine, _ = _tensors(C_IN, seed=51)
+    q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 52), bits=4)
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] weight: expected a tensor on cuda:0, got cpu"):
+        lattice.ops.subm_conv3d(fine.to(DEV), q)
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] weight: expected a tensor on cpu, got cuda:0"):
+        lattice.ops.subm_conv3d(fine, _to(q, DEV))
+    mixed = QuantizedWeight(q.packed.to(DEV), q.scales, q.biases.to(DEV), q.bits, q.group_size, q.layout, q.shape)
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] weight: expected a tensor on cuda:0, got cpu"):
+        lattice.ops.subm_conv3d(fine.to(DEV), mixed)
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] bias: expected a tensor on cuda:0, got cpu"):
+        lattice.ops.subm_conv3d(fine.to(DEV), _to(q, DEV), torch.zeros(C_OUT))
+    ql = quantize_weight(torch.randn(C_OUT, C_IN), bits=4)
+    with pytest.raises(ValueError, match=r"\[linear\] weight: expected a tensor on cuda:0, got cpu"):
+        lattice.ops.linear(fine.to(DEV), ql)
+
+
+def test_cuda_quantized_modules_and_dequantize_on_device():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(lnn.SubmConv3d(C_IN, 32, 3), lnn.Conv3d(32, 24, 2, stride=2))
+    qmodel = lnn.quantize(model, bits=8)
+    fine, _ = _tensors(C_IN, seed=61)
+    with torch.no_grad():
+        ref = qmodel(fine)
+        qmodel.to(DEV)
+        y = qmodel(fine.to(DEV))
+    assert torch.equal(y.coords.cpu(), ref.coords)
+    _close(y.feats, ref.feats, torch.float32)
+    # the device decoder gives the CPU decoder's bits
+    from lattice.ops import quantized as Q
+    q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 62), bits=4)
+    for dtype in DTYPES:
+        assert torch.equal(Q.dequantize_kernel_major(_to(q, DEV), dtype).cpu(), Q.dequantize_kernel_major(q, dtype))
