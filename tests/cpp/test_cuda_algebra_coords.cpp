@@ -24,6 +24,7 @@
 
 #include "backend/args.h"
 #include "backend/kernel_table.h"
+#include "cuda_test_support.h"
 #include "lattice/core/array.h"
 #include "lattice/core/error.h"
 #include "lattice/ops/algebra.h"
@@ -36,21 +37,7 @@ namespace {
 
 using Row = std::array<std::int32_t, 4>;
 
-// Why CUDA tests cannot run here, or empty when cuda:0 is usable.
-std::string cuda_unavailable() {
-  const CudaCaps caps = backend::device_caps().cuda;
-  if (!caps.built) return "lattice was built without CUDA (" + caps.status + ")";
-  if (caps.device_count < 1) return "no CUDA device (" + caps.status + ")";
-  return "";
-}
-
-#define LATTICE_REQUIRE_CUDA()                                      \
-  do {                                                              \
-    const std::string why = cuda_unavailable();                     \
-    if (!why.empty()) GTEST_SKIP() << "CUDA test skipped: " << why; \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
+using cuda_test::kGpu;
 
 const backend::AlgebraKernels& cpu_algebra() { return *backend::find_algebra_kernels(RouteId::algebra_reference); }
 const backend::AlgebraKernels& gpu_algebra() {

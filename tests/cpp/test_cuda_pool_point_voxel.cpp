@@ -18,29 +18,14 @@
 #include <vector>
 
 #include "backend/kernel_table.h"
+#include "cuda_test_support.h"
 #include "lattice/lattice.h"
 
 namespace lattice {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using cuda_test::kGpu;
 
-// Why the device tests cannot run here, or empty.
-std::string no_device_reason() {
-  const DeviceCaps caps = backend::device_caps();
-  if (!caps.cuda.built) return "built without CUDA: " + caps.cuda.status;
-  if (caps.cuda.device_count == 0) return "no CUDA device: " + caps.cuda.status;
-  return {};
-}
-
-#define REQUIRE_CUDA_DEVICE()                                   \
-  do {                                                          \
-    const std::string why_ = no_device_reason();                \
-    if (!why_.empty()) {                                        \
-      std::printf("[  SKIPPED ] %s\n", why_.c_str());           \
-      GTEST_SKIP() << why_;                                     \
-    }                                                           \
-  } while (0)
 
 Array host(const Array& a) { return a.device().is_cpu() ? a : a.to(Device::cpu()); }
 
@@ -226,7 +211,7 @@ void compare_pool(const Array& coords, MakePlan make_plan, PoolMode mode, std::m
 }
 
 TEST(CudaPool, LocalPoolingMatchesTheCpuRoutes) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   std::mt19937 gen(11);
   const Array coords = random_coords(3000, 3, 12, gen);
   for (PoolMode mode : {PoolMode::max, PoolMode::sum, PoolMode::avg}) {
@@ -242,7 +227,7 @@ TEST(CudaPool, LocalPoolingMatchesTheCpuRoutes) {
 }
 
 TEST(CudaPool, GlobalTransposedAndTrilinearMatchTheCpuRoutes) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   std::mt19937 gen(12);
   const Array coords = random_coords(2000, 4, 10, gen);
   for (PoolMode mode : {PoolMode::max, PoolMode::sum, PoolMode::avg})
@@ -264,7 +249,7 @@ TEST(CudaPool, GlobalTransposedAndTrilinearMatchTheCpuRoutes) {
 }
 
 TEST(CudaPool, GlobalMaxOfAnEmptyBatchAndMixedDevicesRaise) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   const Array coords = Array::from_vector(std::vector<std::int32_t>{0, 0, 0, 0, 2, 1, 1, 1}, {2, 4});
   const auto gpu_set = CoordinateSet::create(coords.to(kGpu), {1, 1, 1});
   try {
@@ -298,7 +283,7 @@ Array random_points(std::int64_t n, Dtype dtype, std::mt19937& gen) {
 }
 
 TEST(CudaQuantize, MatchesTheCpuRouteBitwise) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   std::mt19937 gen(21);
   for (Dtype dtype : {Dtype::f32, Dtype::f64}) {
     SCOPED_TRACE(std::string(to_string(dtype)));
@@ -354,7 +339,7 @@ TEST(CudaQuantize, MatchesTheCpuRouteBitwise) {
 // ---- voxelize / devoxelize / build_point_voxel_map ----------------------------------------------
 
 TEST(CudaPointVoxel, VoxelizeMatchesTheCpuRoutes) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   std::mt19937 gen(31);
   const std::int64_t n = 6000, c = 5;
   const Array pts = random_points(n, Dtype::f32, gen);
@@ -385,7 +370,7 @@ TEST(CudaPointVoxel, VoxelizeMatchesTheCpuRoutes) {
 }
 
 TEST(CudaPointVoxel, MapAndDevoxelizeMatchTheCpuRoutes) {
-  REQUIRE_CUDA_DEVICE();
+  LATTICE_REQUIRE_CUDA();
   std::mt19937 gen(41);
   const std::int64_t n = 4000, c = 3;
   for (Dtype pdtype : {Dtype::f32, Dtype::f64}) {

@@ -23,6 +23,7 @@
 
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernel_table.h"
+#include "cuda_test_support.h"
 #include "lattice/core/array.h"
 #include "lattice/core/dtype.h"
 #include "lattice/tensor/coordinate_set.h"
@@ -36,25 +37,16 @@ using backend::QuantizedKernels;
 using backend::QuantizedWeightArgs;
 using backend::RelationView;
 
-const Device kGpu = Device::cuda(0);
+using cuda_test::kGpu;
 
 std::string skip_reason() {
-  const DeviceCaps caps = backend::device_caps();
-  if (!caps.cuda.built) return "CUDA backend not built: " + caps.cuda.status;
-  if (caps.cuda.device_count == 0) return "no CUDA device: " + caps.cuda.status;
+  if (std::string why = cuda_test::cuda_unavailable(); !why.empty()) return why;
   if (backend::find_quantized_kernels(RouteId::quantized_cuda_dequant_gemm) == nullptr)
     return "cuda_dequant_gemm has no kernels in this build";
   return {};
 }
 
-#define SKIP_UNLESS_CUDA()                            \
-  do {                                                \
-    const std::string why_ = skip_reason();           \
-    if (!why_.empty()) {                              \
-      std::printf("[  SKIPPED ] %s\n", why_.c_str()); \
-      GTEST_SKIP() << why_;                           \
-    }                                                 \
-  } while (0)
+#define SKIP_UNLESS_CUDA() LATTICE_SKIP_IF(skip_reason())
 
 // ---- relations -----------------------------------------------------------------------------
 
