@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (issue 6): build with CUDA for sm_90, run ctest, the whole Python
-# suite (CPU tests + the CUDA parity suite), compute-sanitizer memcheck and racecheck on the
-# reduced parity run, and the GPU benchmark rows. Logs and summary.json go to $OUT (or ./device_out):
+# suite (CPU tests + the CUDA parity suite), compute-sanitizer memcheck (reduced parity + C++ CUDA
+# tests) and racecheck (C++ tests of the shared-memory kernels), and the GPU benchmark rows. Logs and summary.json go to $OUT (or ./device_out):
 # at most 8 files (the device tool returns no more): summary.json, build.txt (environment, build,
 # backend info), ctest.txt, pytest.txt, memcheck.txt, racecheck.txt, bench.txt, bench_results.json.
 #
@@ -63,10 +63,17 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
       --leak-check no --error-exitcode 99 --print-limit 50 \
       python3 -m pytest -q -p no:cacheprovider -x $SAN_TESTS > "$OUT/memcheck.txt" 2>&1
     san_mem_rc=$?
-    stamp "compute-sanitizer racecheck (reduced parity)"
-    LATTICE_PARITY_REDUCED=1 compute-sanitizer --tool racecheck --racecheck-report all \
-      --error-exitcode 99 --print-limit 50 \
-      python3 -m pytest -q -p no:cacheprovider -x $SAN_TESTS > "$OUT/racecheck.txt" 2>&1
+    stamp "compute-sanitizer memcheck (C++ CUDA tests)"
+    (cd "$BUILD" && compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 50 \
+      ./lattice_cpp_tests --gtest_filter='Cuda*') >> "$OUT/memcheck.txt" 2>&1
+    [ $? -ne 0 ] && san_mem_rc=99
+    # racecheck (shared-memory hazards) is slow on cuBLAS and on large tests: it runs the C++ tests
+    # of every kernel that uses shared memory, at sizes that finish in minutes.
+    stamp "compute-sanitizer racecheck (C++ CUDA tests with shared memory)"
+    (cd "$BUILD" && compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
+      --print-limit 50 ./lattice_cpp_tests \
+      --gtest_filter='CudaConv.ImplicitGemmSm80RacecheckSmall:CudaQuantized.LinearMatchesDequantizedMatmul:CudaPool.*:CudaPointVoxel.*:CudaCoords.*:CudaAlgebra.Align*:CudaRelations.AllKindsMatchCpuOnSmall*') \
+      > "$OUT/racecheck.txt" 2>&1
     san_race_rc=$?
     tail -2 "$OUT/memcheck.txt" "$OUT/racecheck.txt"
   else

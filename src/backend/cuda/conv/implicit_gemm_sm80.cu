@@ -1,29 +1,38 @@
 // Constraints: CUDA device of tier tensor_core or above (sm_80+); f16 or bf16, or f32 only with
 // allow_tf32 (tf32 tensor cores); any relation kind, any kernel volume, any edge count, any
-// channel counts (tiles are guarded, no multiple-of-8 requirement). Deterministic:
-// bitwise-identical results for the same inputs, device and build (no atomics).
+// channel counts (tiles are guarded, no multiple-of-8 requirement; 16-byte vector copies only
+// when the channel counts and pointers allow, element loads otherwise). Deterministic:
+// bitwise-identical results for the same inputs, device and build (no float atomics; an integer
+// shared-memory OR builds each tile's offset mask).
 //
-// Tensor-core implicit GEMM (nvcuda::wmma mma.sync, f32 accumulation). A thread block of four
-// warps owns an output tile of 64 destination rows x 64 destination channels and walks the
-// kernel offsets k in order; for each offset it reads the tile's column k of the map
-// (destination row -> source row or -1) and skips the offset when no row of the tile has it;
-// otherwise it loops over the source channels in steps of 32: A = the gathered source rows
-// (-1 -> zeros), B = the matching 32 x 64 slice of W[k] (or W[k]^T), one mma per 16 x 16 piece.
-//   forward     map = the relation's N_out x K gemm_map (built on the device when the view has
-//               none); source x, destination y, B = W[k] (C_in, C_out); bias added at the end.
-//   input_grad  map = the input-side (n_in, K) map of output rows, built on the device from the
-//               edges (a scatter with unique (i, k) slots, so deterministic); source dy,
-//               destination dx, B = W[k]^T (C_out, C_in).
-//   weight_grad dW[k] (C_in, C_out) = sum over output rows o with map[o, k] >= 0 of
-//               x[map[o, k]]^T dy[o]: split-K over fixed chunks of output rows (a data-only
-//               rule); each block (offset, chunk, 64 x 64 tile of dW[k]) writes its f32 partial
-//               to a buffer, and a second kernel adds the chunks in ascending order.
+// Tensor-core implicit GEMM (nvcuda::wmma mma.sync, f32 accumulation).
+//   forward / input_grad: a thread block of eight warps owns an output tile of 128 destination
+//   rows x 64 destination channels. It first reads the tile's contiguous block of map rows once
+//   (coalesced) into a shared bitmask of the offsets present in the tile (kernel volumes above
+//   512 skip nothing), then walks the present offsets k in ascending order and, per offset, the
+//   source channels in steps of 64 bytes (32 f16/bf16 or 16 f32 channels): A = the gathered
+//   source rows (-1 -> zeros), B = the matching slice of W[k] (or W[k]^T, kept col-major in
+//   shared memory). Stages are double-buffered: the next stage's copies are issued before the
+//   current one is multiplied (cp.async 16-byte copies with zero-fill when both channel counts
+//   are multiples of 16 bytes and the source / weight pointers are 16-byte aligned; plain element
+//   loads into the same buffers otherwise). The accumulation order (offset, then channel) is
+//   fixed by the data, so results are bitwise reproducible.
+//     forward     map = the relation's N_out x K gemm_map (built on the device when the view has
+//                 none); source x, destination y, B = W[k] (C_in, C_out); bias added at the end.
+//     input_grad  map = the input-side (n_in, K) map of output rows, built on the device from the
+//                 edges per call (a scatter with unique (i, k) slots, so deterministic); source
+//                 dy, destination dx, B = W[k]^T (C_out, C_in).
+//   weight_grad: dW[k] (C_in, C_out) = sum over the edges of offset k (the per-offset grouping
+//   k_ptr / k_in / k_out, so only real edges are read) of x[k_in[e]]^T dy[k_out[e]]. Each
+//   offset's edges are split into `chunks` equal runs (a data-only rule: E, K and the channel
+//   counts); each block (offset, run, 64 x 64 tile of dW[k]) runs the same double-buffered
+//   pipeline over steps of 32 edges and writes dW rounded (one run) or its f32 partial, which a
+//   second kernel adds in ascending run order.
 // Each output element is rounded to the storage dtype once, at the end.
 //
 // Shapes (K = kernel volume): x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null,
 //   y (n_out, C_out), dy (n_out, C_out), dx (n_in, C_in), dw (K, C_in, C_out).
-//   Buffers: the maps (int32), weight-gradient partials (chunks, K, C_in, C_out) f32.
-// The kernels are plain (no cp.async pipeline yet); speed comes in a later issue.
+//   Buffers: the maps (int32), weight-gradient partials (chunks, K, C_in, C_out) f32 when chunks > 1.
 #include <mma.h>
 
 #include <algorithm>
@@ -40,10 +49,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kBM = 64;        // tile rows (destination rows; weight_grad: C_in)
-constexpr int kBN = 64;        // tile columns (destination channels; weight_grad: C_out)
-constexpr int kBK = 32;        // reduction step (source channels; weight_grad: output rows)
-constexpr int kThreads = 128;  // four warps, each a 32 x 32 quarter of the tile (2 x 2 mma pieces)
+constexpr int kThreads = 256;   // forward / input_grad: eight warps, each a 32 x 32 piece of the tile
+constexpr int kBM = 128;        // destination rows per tile
+constexpr int kBN = 64;         // destination channels per tile
+constexpr int kWThreads = 128;  // weight_grad: four warps, each a 32 x 32 piece of a 64 x 64 dW tile
+constexpr int kWBM = 64;        // weight_grad tile rows (C_in)
+constexpr int kWBN = 64;        // weight_grad tile columns (C_out)
+constexpr int kWBK = 32;        // weight_grad reduction step (edges)
+constexpr int kMaskWords = 16;  // per-tile offset mask: offsets >= 512 are never skipped
 
 // mma shape and fragment element type per storage type.
 template <class E> struct MmaOf;
@@ -60,7 +73,11 @@ template <> struct MmaOf<float> {
   using frag = wmma::precision::tf32;
 };
 
-// Shared-memory row padding: 16 bytes, keeping every fragment pointer 32-byte aligned.
+// Elements per 16-byte vector, reduction step of the forward tile (64 bytes of a row), and
+// shared-memory row padding (16 bytes: rows stay 16-byte aligned for cp.async and every
+// fragment pointer 32-byte aligned).
+template <class E> constexpr int kVec = 16 / static_cast<int>(sizeof(E));
+template <class E> constexpr int kBK = 64 / static_cast<int>(sizeof(E));
 template <class E> constexpr int kPad = 16 / static_cast<int>(sizeof(E));
 constexpr int kCPad = 4;
 
@@ -72,31 +89,146 @@ __device__ __forceinline__ void to_tf32_if_needed(Frag& f) {
   }
 }
 
-// dst (n_dst, c_dst) = round(bias + sum_k gather_{map[:, k]}(src) @ B_k), with
-// B_k(r, c) = w[k * c_src * c_dst + r * w_rs + c * w_cs] (r < c_src, c < c_dst).
+// 16-byte asynchronous copy global -> shared; when !valid nothing is read and the 16 bytes are
+// zero-filled (src-size 0). Both addresses 16-byte aligned.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Shared-memory layout of the forward / input_grad kernel (element offsets within one stage).
 template <class E>
+struct FwdSmem {
+  static constexpr int lda = kBK<E> + kPad<E>;   // A: kBM rows x kBK source channels
+  static constexpr int ldb = kBN + kPad<E>;      // B: kBK rows x kBN (row-major, forward)
+  static constexpr int ldbt = kBK<E> + kPad<E>;  // B^T: kBN rows x kBK (input_grad: B col-major)
+  static constexpr int ldc = kBN + kCPad;
+  static constexpr int a_elems = kBM * lda;
+  static constexpr int b_elems = (kBK<E> * ldb > kBN * ldbt) ? kBK<E> * ldb : kBN * ldbt;
+  static constexpr int stage_elems = a_elems + b_elems;
+  static constexpr int pipe_bytes = 2 * stage_elems * static_cast<int>(sizeof(E));
+  static constexpr int c_bytes = kBM * ldc * static_cast<int>(sizeof(float));
+  static constexpr int bytes = pipe_bytes > c_bytes ? pipe_bytes : c_bytes;
+  static_assert((a_elems * sizeof(E)) % 128 == 0 && (stage_elems * sizeof(E)) % 128 == 0, "stage alignment");
+};
+
+// dst (n_dst, c_dst) = round(bias + sum_k gather_{map[:, k]}(src) @ B_k), with
+// B_k(r, c) = w[k * c_src * c_dst + r * c_dst + c] (kTrans false) or
+//             w[k * c_src * c_dst + c * c_src + r] (kTrans true: W[k]^T), r < c_src, c < c_dst.
+// kVector: 16-byte cp.async gathers (c_src and c_dst multiples of kVec<E>, src and w 16-byte
+// aligned); otherwise plain element loads into the same buffers.
+template <class E, bool kVector, bool kTrans>
 __global__ void __launch_bounds__(kThreads)
     implicit_gemm_kernel(const std::int32_t* __restrict__ map, std::int64_t n_dst, std::int64_t kernel_volume,
-                         const E* __restrict__ src, std::int64_t c_src, const E* __restrict__ w, std::int64_t w_rs,
-                         std::int64_t w_cs, std::int64_t c_dst, const E* __restrict__ bias, E* __restrict__ dst) {
+                         const E* __restrict__ src, std::int64_t c_src, const E* __restrict__ w,
+                         std::int64_t c_dst, const E* __restrict__ bias, E* __restrict__ dst) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaOf<E>;
-  constexpr int lda = kBK + kPad<E>;
-  constexpr int ldb = kBN + kPad<E>;
-  constexpr int ldc = kBN + kCPad;
-  __shared__ __align__(128) E as[kBM * lda];
-  __shared__ __align__(128) E bs[kBK * ldb];
-  __shared__ __align__(128) float cs[kBM * ldc];
-  __shared__ std::int32_t rows[kBM];
+  using S = FwdSmem<E>;
+  constexpr int BK = kBK<E>;
+  constexpr int V = kVec<E>;
+  using LayoutB = std::conditional_t<kTrans, wmma::col_major, wmma::row_major>;
+  __shared__ __align__(128) unsigned char smem[S::bytes];
+  __shared__ unsigned mask[kMaskWords];
+  E* const stage_base = reinterpret_cast<E*>(smem);
+  float* const cs = reinterpret_cast<float*>(smem);  // epilogue only (after the pipeline drained)
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
-  const int wr = warp / 2, wc = warp % 2;
+  const int wr = warp / 2, wc = warp % 2;  // warp tile: rows wr*32.., columns wc*32..
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kBM;
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kBN;
   const std::int64_t per_offset = c_src * c_dst;
+  const std::int64_t tile_rows = n_dst - row0 < kBM ? n_dst - row0 : kBM;  // >= 1
   const E zero = from_f32<E>(0.0f);
-  const bool w_rows_contiguous = w_cs != 1;  // input_grad: B's rows are contiguous in w
+  const bool mask_all = kernel_volume > 32 * kMaskWords;
+
+  // Offsets present in the tile: one coalesced pass over its contiguous block of map rows.
+  if (tid < kMaskWords) mask[tid] = 0u;
+  __syncthreads();
+  if (!mask_all) {
+    const std::int32_t* block = map + row0 * kernel_volume;
+    const std::int64_t n = tile_rows * kernel_volume;
+    for (std::int64_t idx = tid; idx < n; idx += kThreads) {
+      if (block[idx] >= 0) {
+        const int k = static_cast<int>(idx % kernel_volume);
+        atomicOr(&mask[k / 32], 1u << (k % 32));  // integer OR: order-independent
+      }
+    }
+  }
+  __syncthreads();
+  auto next_offset = [&](std::int64_t k) -> std::int64_t {  // first present offset after k
+    for (++k; k < kernel_volume; ++k)
+      if (mask_all || (mask[k / 32] >> (k % 32)) & 1u) return k;
+    return kernel_volume;
+  };
+
+  // Loads the stage (offset k, source channels c0..c0+BK) into buffer `buf`.
+  auto issue = [&](std::int64_t k, std::int64_t c0, int buf) {
+    E* as = stage_base + buf * S::stage_elems;
+    E* bs = as + S::a_elems;
+    // A: kBM rows x BK channels = kBM * BK / V vectors (2 per thread).
+#pragma unroll
+    for (int t = 0; t < kBM * BK / V / kThreads; ++t) {
+      const int idx = tid + t * kThreads;
+      const int r = idx / (BK / V), q = idx % (BK / V);
+      const std::int64_t row = row0 + r;
+      const std::int32_t v = row < n_dst ? map[row * kernel_volume + k] : -1;
+      const std::int64_t ch = c0 + q * V;
+      E* d = as + r * S::lda + q * V;
+      if constexpr (kVector) {
+        const bool ok = v >= 0 && ch < c_src;  // c_src % V == 0: the whole vector is in range
+        cp_async16(d, ok ? src + static_cast<std::int64_t>(v) * c_src + ch : src, ok);
+      } else {
+        const E* s = src + (v >= 0 ? static_cast<std::int64_t>(v) : 0) * c_src;
+#pragma unroll
+        for (int e = 0; e < V; ++e) d[e] = (v >= 0 && ch + e < c_src) ? s[ch + e] : zero;
+      }
+    }
+    // B: BK x kBN = BK * kBN / V vectors (1 per thread).
+    const E* wk = w + k * per_offset;
+    if constexpr (!kTrans) {
+      // B(r, c) = wk[(c0 + r) * c_dst + col0 + c], stored bs[r * ldb + c].
+      const int r = tid / (kBN / V), q = tid % (kBN / V);
+      const std::int64_t ch = c0 + r, co = col0 + q * V;
+      E* d = bs + r * S::ldb + q * V;
+      if constexpr (kVector) {
+        const bool ok = ch < c_src && co < c_dst;  // c_dst % V == 0
+        cp_async16(d, ok ? wk + ch * c_dst + co : w, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) d[e] = (ch < c_src && co + e < c_dst) ? wk[ch * c_dst + co + e] : zero;
+      }
+    } else {
+      // B(r, c) = wk[(col0 + c) * c_src + c0 + r], stored bs[c * ldbt + r] (col-major B).
+      const int c = tid / (BK / V), q = tid % (BK / V);
+      const std::int64_t ci = col0 + c, ch = c0 + q * V;
+      E* d = bs + c * S::ldbt + q * V;
+      if constexpr (kVector) {
+        const bool ok = ci < c_dst && ch < c_src;  // c_src % V == 0
+        cp_async16(d, ok ? wk + ci * c_src + ch : w, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) d[e] = (ci < c_dst && ch + e < c_src) ? wk[ci * c_src + ch + e] : zero;
+      }
+    }
+  };
+  static_assert(kBM * kBK<E> / kVec<E> == 2 * kThreads, "A: two vectors per thread");
+  static_assert(kBK<E> * kBN / kVec<E> == kThreads, "B: one vector per thread");
 
   wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][2];
 #pragma unroll
@@ -104,65 +236,65 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  for (std::int64_t k = 0; k < kernel_volume; ++k) {
-    int has = 0;
-    if (tid < kBM) {
-      const std::int64_t r = row0 + tid;
-      const std::int32_t v = r < n_dst ? map[r * kernel_volume + k] : -1;
-      rows[tid] = v;
-      has = v >= 0;
+  // Two-stage pipeline over the stages (k ascending over present offsets, c0 ascending).
+  std::int64_t k = next_offset(-1), c0 = 0;
+  int buf = 0;
+  if (k < kernel_volume) issue(k, c0, 0);
+  cp_async_commit();
+  while (k < kernel_volume) {
+    std::int64_t kn = k, cn = c0 + BK;
+    if (cn >= c_src) {
+      cn = 0;
+      kn = next_offset(k);
     }
-    if (!__syncthreads_or(has)) continue;  // no row of the tile has offset k
-    const E* wk = w + k * per_offset;
-    for (std::int64_t c0 = 0; c0 < c_src; c0 += kBK) {
-      for (int idx = tid; idx < kBM * kBK; idx += kThreads) {
-        const int r = idx / kBK, c = idx % kBK;
-        const std::int32_t v = rows[r];
-        const std::int64_t ch = c0 + c;
-        as[r * lda + c] = (v >= 0 && ch < c_src) ? src[static_cast<std::int64_t>(v) * c_src + ch] : zero;
+    if (kn < kernel_volume) issue(kn, cn, buf ^ 1);
+    cp_async_commit();    // possibly empty group: keeps the count uniform
+    cp_async_wait<1>();   // every group but the newest has landed: this stage is in `buf`
+    __syncthreads();      // ... for every thread's copies (and plain stores)
+    const E* as = stage_base + buf * S::stage_elems;
+    const E* bs = as + S::a_elems;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += M::K) {
+      wmma::fragment<wmma::matrix_a, 16, 16, M::K, typename M::frag, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, LayoutB> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(fa[i], as + (wr * 32 + i * 16) * S::lda + kk, S::lda);
+        to_tf32_if_needed<E>(fa[i]);
       }
-      for (int idx = tid; idx < kBK * kBN; idx += kThreads) {
-        // Consecutive threads walk the contiguous direction of w (coalesced reads).
-        const int r = w_rows_contiguous ? idx % kBK : idx / kBN;
-        const int c = w_rows_contiguous ? idx / kBK : idx % kBN;
-        const std::int64_t ch = c0 + r, co = col0 + c;
-        bs[r * ldb + c] = (ch < c_src && co < c_dst) ? wk[ch * w_rs + co * w_cs] : zero;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if constexpr (kTrans)
+          wmma::load_matrix_sync(fb[j], bs + (wc * 32 + j * 16) * S::ldbt + kk, S::ldbt);
+        else
+          wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * 32 + j * 16, S::ldb);
+        to_tf32_if_needed<E>(fb[j]);
       }
-      __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < kBK; kk += M::K) {
-        wmma::fragment<wmma::matrix_a, 16, 16, M::K, typename M::frag, wmma::row_major> fa[2];
-        wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, wmma::row_major> fb[2];
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          wmma::load_matrix_sync(fa[i], as + (wr * 32 + i * 16) * lda + kk, lda);
-          to_tf32_if_needed<E>(fa[i]);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wmma::load_matrix_sync(fb[j], bs + kk * ldb + wc * 32 + j * 16, ldb);
-          to_tf32_if_needed<E>(fb[j]);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-      }
-      __syncthreads();
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
+    __syncthreads();  // every warp is done with `buf` before the next issue overwrites it
+    k = kn;
+    c0 = cn;
+    buf ^= 1;
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline buffers are reused as cs below
 
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * ldc + wc * 32 + j * 16, acc[i][j], ldc, wmma::mem_row_major);
+      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * 32 + j * 16, acc[i][j], S::ldc,
+                              wmma::mem_row_major);
   __syncthreads();
   for (int idx = tid; idx < kBM * kBN; idx += kThreads) {
     const int r = idx / kBN, c = idx % kBN;
     const std::int64_t row = row0 + r, co = col0 + c;
     if (row < n_dst && co < c_dst) {
-      float v = cs[r * ldc + c];
+      float v = cs[r * S::ldc + c];
       if (bias) v += to_f32(bias[co]);
       dst[row * c_dst + co] = from_f32<E>(v);
     }
@@ -172,34 +304,83 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// partial[chunk][k] (C_in, C_out) = sum over output rows o of the chunk with map[o, k] >= 0 of
-// x[map[o, k]]^T dy[o]. blockIdx.x = k * chunks + chunk, blockIdx.y = C_out tile, blockIdx.z =
-// C_in tile.
+// Shared-memory layout of the weight-gradient kernel (one stage: A and B, kWBK edges each).
 template <class E>
-__global__ void __launch_bounds__(kThreads)
-    weight_grad_kernel(const std::int32_t* __restrict__ map, std::int64_t n_out, std::int64_t kernel_volume,
+struct WgSmem {
+  static constexpr int lda = kWBM + kPad<E>;  // A stored (edge, C_in): col-major A
+  static constexpr int ldb = kWBN + kPad<E>;  // B stored (edge, C_out): row-major B
+  static constexpr int ldc = kWBN + kCPad;
+  static constexpr int a_elems = kWBK * lda;
+  static constexpr int stage_elems = a_elems + kWBK * ldb;
+  static constexpr int pipe_bytes = 2 * stage_elems * static_cast<int>(sizeof(E));
+  static constexpr int c_bytes = kWBM * ldc * static_cast<int>(sizeof(float));
+  static constexpr int bytes = pipe_bytes > c_bytes ? pipe_bytes : c_bytes;
+  static_assert((a_elems * sizeof(E)) % 128 == 0 && (stage_elems * sizeof(E)) % 128 == 0, "stage alignment");
+};
+
+// dW[k] (C_in, C_out) = sum over the edges e of offset k (k_ptr[k] <= e < k_ptr[k+1], inputs
+// k_in, outputs k_out) of x[k_in[e]]^T dy[k_out[e]]: only real edges are read. Offset k's edges
+// are split into `chunks` equal runs (a multiple of kWBK long; a data-only rule). blockIdx.x =
+// k * chunks + chunk, blockIdx.y = C_out tile, blockIdx.z = C_in tile. chunks == 1: the block
+// writes dw rounded; otherwise its f32 partial, partial[chunk][k] (C_in, C_out).
+template <class E, bool kVector>
+__global__ void __launch_bounds__(kWThreads)
+    weight_grad_kernel(const std::int64_t* __restrict__ k_ptr, const std::int32_t* __restrict__ k_in,
+                       const std::int32_t* __restrict__ k_out, std::int64_t kernel_volume,
                        const E* __restrict__ x, std::int64_t c_in, const E* __restrict__ dy, std::int64_t c_out,
-                       std::int64_t rows_per_chunk, std::int64_t chunks, float* __restrict__ partial) {
+                       std::int64_t chunks, float* __restrict__ partial, E* __restrict__ dw) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaOf<E>;
-  constexpr int lda = kBM + kPad<E>;  // a stored as (reduction row, C_in): col-major A
-  constexpr int ldb = kBN + kPad<E>;
-  constexpr int ldc = kBN + kCPad;
-  __shared__ __align__(128) E as[kBK * lda];
-  __shared__ __align__(128) E bs[kBK * ldb];
-  __shared__ __align__(128) float cs[kBM * ldc];
-  __shared__ std::int32_t rows[kBK];
+  using S = WgSmem<E>;
+  constexpr int V = kVec<E>;
+  __shared__ __align__(128) unsigned char smem[S::bytes];
+  E* const stage_base = reinterpret_cast<E*>(smem);
+  float* const cs = reinterpret_cast<float*>(smem);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int wr = warp / 2, wc = warp % 2;
   const std::int64_t k = blockIdx.x / chunks;
   const std::int64_t chunk = blockIdx.x % chunks;
-  const std::int64_t co0 = static_cast<std::int64_t>(blockIdx.y) * kBN;
-  const std::int64_t ci0 = static_cast<std::int64_t>(blockIdx.z) * kBM;
-  const std::int64_t r_begin = chunk * rows_per_chunk;
-  const std::int64_t r_end = r_begin + rows_per_chunk < n_out ? r_begin + rows_per_chunk : n_out;
+  const std::int64_t co0 = static_cast<std::int64_t>(blockIdx.y) * kWBN;
+  const std::int64_t ci0 = static_cast<std::int64_t>(blockIdx.z) * kWBM;
+  const std::int64_t kb = k_ptr[k], ke = k_ptr[k + 1];
+  std::int64_t per = (ke - kb + chunks - 1) / chunks;
+  per = (per + kWBK - 1) / kWBK * kWBK;
+  const std::int64_t e_begin = kb + chunk * per < ke ? kb + chunk * per : ke;
+  const std::int64_t e_end = e_begin + per < ke ? e_begin + per : ke;
   const E zero = from_f32<E>(0.0f);
+
+  // Loads edges eb..eb+kWBK: A (edge, ci) = x[k_in[e]][ci0 + ci], B (edge, co) = dy[k_out[e]][co0 + co].
+  auto issue = [&](std::int64_t eb, int buf) {
+    E* as = stage_base + buf * S::stage_elems;
+    E* bs = as + S::a_elems;
+    constexpr int per_row = kWBM / V;  // vectors per edge row (kWBM == kWBN)
+#pragma unroll
+    for (int t = 0; t < kWBK * per_row / kWThreads; ++t) {
+      const int idx = tid + t * kWThreads;
+      const int r = idx / per_row, q = idx % per_row;
+      const std::int64_t e = eb + r;
+      const bool live = e < e_end;
+      const std::int64_t xi = live ? static_cast<std::int64_t>(k_in[e]) : 0;
+      const std::int64_t oi = live ? static_cast<std::int64_t>(k_out[e]) : 0;
+      const std::int64_t ci = ci0 + q * V, co = co0 + q * V;
+      E* da = as + r * S::lda + q * V;
+      E* db = bs + r * S::ldb + q * V;
+      if constexpr (kVector) {
+        const bool oka = live && ci < c_in, okb = live && co < c_out;  // channel counts % V == 0
+        cp_async16(da, oka ? x + xi * c_in + ci : x, oka);
+        cp_async16(db, okb ? dy + oi * c_out + co : dy, okb);
+      } else {
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          da[u] = (live && ci + u < c_in) ? x[xi * c_in + ci + u] : zero;
+          db[u] = (live && co + u < c_out) ? dy[oi * c_out + co + u] : zero;
+        }
+      }
+    }
+  };
+  static_assert(kWBM == kWBN && (kWBK * (kWBM / kVec<E>)) % kWThreads == 0, "weight_grad load split");
 
   wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][2];
 #pragma unroll
@@ -207,39 +388,28 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  for (std::int64_t rb = r_begin; rb < r_end; rb += kBK) {
-    int has = 0;
-    if (tid < kBK) {
-      const std::int64_t r = rb + tid;
-      const std::int32_t v = r < r_end ? map[r * kernel_volume + k] : -1;
-      rows[tid] = v;
-      has = v >= 0;
-    }
-    if (!__syncthreads_or(has)) continue;  // no row of this step has offset k
-    for (int idx = tid; idx < kBK * kBM; idx += kThreads) {
-      const int r = idx / kBM, c = idx % kBM;
-      const std::int32_t v = rows[r];
-      const std::int64_t ci = ci0 + c;
-      as[r * lda + c] = (v >= 0 && ci < c_in) ? x[static_cast<std::int64_t>(v) * c_in + ci] : zero;
-    }
-    for (int idx = tid; idx < kBK * kBN; idx += kThreads) {
-      const int r = idx / kBN, c = idx % kBN;
-      const std::int64_t co = co0 + c;
-      bs[r * ldb + c] = (rows[r] >= 0 && co < c_out) ? dy[(rb + r) * c_out + co] : zero;
-    }
+  int buf = 0;
+  if (e_begin < e_end) issue(e_begin, 0);
+  cp_async_commit();
+  for (std::int64_t eb = e_begin; eb < e_end; eb += kWBK) {
+    if (eb + kWBK < e_end) issue(eb + kWBK, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
+    const E* as = stage_base + buf * S::stage_elems;
+    const E* bs = as + S::a_elems;
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += M::K) {
+    for (int kk = 0; kk < kWBK; kk += M::K) {
       wmma::fragment<wmma::matrix_a, 16, 16, M::K, typename M::frag, wmma::col_major> fa[2];
       wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, wmma::row_major> fb[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        wmma::load_matrix_sync(fa[i], as + kk * lda + wr * 32 + i * 16, lda);
+        wmma::load_matrix_sync(fa[i], as + kk * S::lda + wr * 32 + i * 16, S::lda);
         to_tf32_if_needed<E>(fa[i]);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        wmma::load_matrix_sync(fb[j], bs + kk * ldb + wc * 32 + j * 16, ldb);
+        wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * 32 + j * 16, S::ldb);
         to_tf32_if_needed<E>(fb[j]);
       }
 #pragma unroll
@@ -248,19 +418,30 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
     __syncthreads();
+    buf ^= 1;
   }
+  cp_async_wait<0>();
+  __syncthreads();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * ldc + wc * 32 + j * 16, acc[i][j], ldc, wmma::mem_row_major);
+      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * 32 + j * 16, acc[i][j], S::ldc,
+                              wmma::mem_row_major);
   __syncthreads();
-  float* out = partial + (chunk * kernel_volume + k) * c_in * c_out;
-  for (int idx = tid; idx < kBM * kBN; idx += kThreads) {
-    const int r = idx / kBN, c = idx % kBN;
+  const std::int64_t base = k * c_in * c_out;
+  float* out = partial ? partial + chunk * kernel_volume * c_in * c_out + base : nullptr;
+  for (int idx = tid; idx < kWBM * kWBN; idx += kWThreads) {
+    const int r = idx / kWBN, c = idx % kWBN;
     const std::int64_t ci = ci0 + r, co = co0 + c;
-    if (ci < c_in && co < c_out) out[ci * c_out + co] = cs[r * ldc + c];
+    if (ci < c_in && co < c_out) {
+      const float v = cs[r * S::ldc + c];
+      if (out)
+        out[ci * c_out + co] = v;
+      else
+        dw[base + ci * c_out + co] = from_f32<E>(v);
+    }
   }
 #else
   __trap();  // built for an architecture without these mma shapes; admission requires sm_80+
@@ -290,6 +471,27 @@ void check_edges(const RelationView& rel) {
                  "conv implicit_gemm_sm80: edge list (in_idx, out_idx, k_idx) is null");
 }
 
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// dst = gather-GEMM over the map (see implicit_gemm_kernel); picks the 16-byte path when every
+// vector load is aligned and in range, else the element path.
+template <class E, bool kTrans>
+void launch_implicit_gemm(const std::int32_t* map, std::int64_t n_dst, std::int64_t kernel_volume, const E* src,
+                          std::int64_t c_src, const E* w, std::int64_t c_dst, const E* bias, E* dst,
+                          cudaStream_t s) {
+  const std::int64_t rt = tiles(n_dst, kBM), ct = tiles(c_dst, kBN);
+  check_grid(rt, ct);
+  const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ct));
+  const bool vec = c_src % kVec<E> == 0 && c_dst % kVec<E> == 0 && aligned16(src) && aligned16(w);
+  if (vec)
+    implicit_gemm_kernel<E, true, kTrans><<<grid, kThreads, 0, s>>>(map, n_dst, kernel_volume, src, c_src, w, c_dst,
+                                                                     bias, dst);
+  else
+    implicit_gemm_kernel<E, false, kTrans><<<grid, kThreads, 0, s>>>(map, n_dst, kernel_volume, src, c_src, w,
+                                                                      c_dst, bias, dst);
+  LATTICE_CUDA_CHECK_LAUNCH();
+}
+
 template <class E>
 void forward(const ConvArgs& a) {
   const RelationView& rel = a.rel;
@@ -303,12 +505,9 @@ void forward(const ConvArgs& a) {
     built = build_edge_map(rel.out_idx, rel.in_idx, rel.k_idx, rel.n_edges, rel.n_out, rel.kernel_volume, a.device);
     map = built.data<std::int32_t>();
   }
-  const std::int64_t rt = tiles(rel.n_out, kBM), ct = tiles(a.c_out, kBN);
-  check_grid(rt, ct);
-  implicit_gemm_kernel<E><<<dim3(static_cast<unsigned>(rt), static_cast<unsigned>(ct)), kThreads, 0, s>>>(
-      map, rel.n_out, rel.kernel_volume, static_cast<const E*>(a.x), a.c_in, static_cast<const E*>(a.w), a.c_out, 1,
-      a.c_out, static_cast<const E*>(a.bias), static_cast<E*>(a.y));
-  LATTICE_CUDA_CHECK_LAUNCH();
+  launch_implicit_gemm<E, false>(map, rel.n_out, rel.kernel_volume, static_cast<const E*>(a.x), a.c_in,
+                                 static_cast<const E*>(a.w), a.c_out, static_cast<const E*>(a.bias),
+                                 static_cast<E*>(a.y), s);
 }
 
 template <class E>
@@ -322,16 +521,13 @@ void input_grad(const ConvArgs& a) {
     LATTICE_CUDA_CHECK(cudaMemsetAsync(a.dx, 0, static_cast<std::size_t>(rel.n_in * a.c_in) * sizeof(E), s));
     return;
   }
-  // (n_in, K) map of output rows: input i reaches output map[i, k] through offset k.
+  // (n_in, K) map of output rows: input i reaches output map[i, k] through offset k. Built per
+  // call (the relation caches only the output-side map; see docs/performance.md).
   const Array map = build_edge_map(rel.in_idx, rel.out_idx, rel.k_idx, rel.n_edges, rel.n_in, rel.kernel_volume,
                                    a.device);
-  const std::int64_t rt = tiles(rel.n_in, kBM), ct = tiles(a.c_in, kBN);
-  check_grid(rt, ct);
-  // B_k = W[k]^T: B(r = co, c = ci) = w[k][ci * C_out + co].
-  implicit_gemm_kernel<E><<<dim3(static_cast<unsigned>(rt), static_cast<unsigned>(ct)), kThreads, 0, s>>>(
-      map.data<std::int32_t>(), rel.n_in, rel.kernel_volume, static_cast<const E*>(a.dy), a.c_out,
-      static_cast<const E*>(a.w), 1, a.c_out, a.c_in, nullptr, static_cast<E*>(a.dx));
-  LATTICE_CUDA_CHECK_LAUNCH();
+  // Source dy (C_out channels), destination dx (C_in), B_k = W[k]^T.
+  launch_implicit_gemm<E, true>(map.data<std::int32_t>(), rel.n_in, rel.kernel_volume, static_cast<const E*>(a.dy),
+                                a.c_out, static_cast<const E*>(a.w), a.c_in, nullptr, static_cast<E*>(a.dx), s);
 }
 
 template <class E>
@@ -347,33 +543,38 @@ void weight_grad(const ConvArgs& a) {
     LATTICE_CUDA_CHECK(cudaMemsetAsync(a.dw, 0, static_cast<std::size_t>(n) * sizeof(E), s));
     return;
   }
-  Array built;
-  const std::int32_t* map = rel.gemm_map;
-  if (!map) {
-    built = build_edge_map(rel.out_idx, rel.in_idx, rel.k_idx, rel.n_edges, rel.n_out, rel.kernel_volume, a.device);
-    map = built.data<std::int32_t>();
-  }
-  // Split-K over output rows: a data-only rule (same chunks on every run and device). At most
-  // 32 chunks, at least 2048 rows each, and partials capped near 256 MiB.
-  std::int64_t chunks = std::min<std::int64_t>(32, std::max<std::int64_t>(1, rel.n_out / 2048));
+  LATTICE_ASSERT(rel.k_ptr && rel.k_in && rel.k_out,
+                 "conv implicit_gemm_sm80 weight_grad: per-offset grouping (k_ptr, k_in, k_out) is null");
+  // Each offset's edges split into `chunks` runs: a data-only rule (E, K and the channel counts
+  // decide it, so the same chunks on every run and device). About 1024 edges per run on
+  // average, at most 64 runs, partials capped near 256 MiB.
+  std::int64_t chunks = std::min<std::int64_t>(64, std::max<std::int64_t>(1, rel.n_edges / rel.kernel_volume / 1024));
   const std::int64_t cap = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / (n * 4));
   chunks = std::min(chunks, cap);
-  std::int64_t rows_per_chunk = tiles(rel.n_out, chunks);
-  rows_per_chunk = tiles(rows_per_chunk, kBK) * kBK;
-  chunks = tiles(rel.n_out, rows_per_chunk);
-  const std::int64_t ci_t = tiles(a.c_in, kBM), co_t = tiles(a.c_out, kBN);
+  const std::int64_t ci_t = tiles(a.c_in, kWBM), co_t = tiles(a.c_out, kWBN);
   LATTICE_ASSERT(rel.kernel_volume * chunks <= 2147483647 && co_t <= 65535 && ci_t <= 65535,
                  "conv implicit_gemm_sm80 weight_grad: problem too large for the grid");
-  Array partial = Array::empty({chunks, rel.kernel_volume, a.c_in, a.c_out}, Dtype::f32, a.device);
+  Array partial;
+  if (chunks > 1) partial = Array::empty({chunks, rel.kernel_volume, a.c_in, a.c_out}, Dtype::f32, a.device);
+  float* part = chunks > 1 ? partial.data<float>() : nullptr;
   const dim3 grid(static_cast<unsigned>(rel.kernel_volume * chunks), static_cast<unsigned>(co_t),
                   static_cast<unsigned>(ci_t));
-  weight_grad_kernel<E><<<grid, kThreads, 0, s>>>(map, rel.n_out, rel.kernel_volume, static_cast<const E*>(a.x),
-                                                  a.c_in, static_cast<const E*>(a.dy), a.c_out, rows_per_chunk,
-                                                  chunks, partial.data<float>());
+  const E* x = static_cast<const E*>(a.x);
+  const E* dy = static_cast<const E*>(a.dy);
+  E* dw = static_cast<E*>(a.dw);
+  const bool vec = a.c_in % kVec<E> == 0 && a.c_out % kVec<E> == 0 && aligned16(x) && aligned16(dy);
+  if (vec)
+    weight_grad_kernel<E, true><<<grid, kWThreads, 0, s>>>(rel.k_ptr, rel.k_in, rel.k_out, rel.kernel_volume, x,
+                                                           a.c_in, dy, a.c_out, chunks, part, dw);
+  else
+    weight_grad_kernel<E, false><<<grid, kWThreads, 0, s>>>(rel.k_ptr, rel.k_in, rel.k_out, rel.kernel_volume, x,
+                                                            a.c_in, dy, a.c_out, chunks, part, dw);
   LATTICE_CUDA_CHECK_LAUNCH();
-  reduce_chunks<E><<<blocks_for(n, 256) > 65535u * 32u ? 65535u * 32u : blocks_for(n, 256), 256, 0, s>>>(
-      partial.data<float>(), chunks, n, static_cast<E*>(a.dw));
-  LATTICE_CUDA_CHECK_LAUNCH();
+  if (chunks > 1) {
+    reduce_chunks<E><<<blocks_for(n, 256) > 65535u * 32u ? 65535u * 32u : blocks_for(n, 256), 256, 0, s>>>(
+        part, chunks, n, dw);
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <class F>
