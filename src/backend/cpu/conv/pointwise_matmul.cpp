@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/conv/conv_routes.h"
-#include "backend/cpu/conv/gemm_support.h"
+#include "backend/cpu/common/gemm_support.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {

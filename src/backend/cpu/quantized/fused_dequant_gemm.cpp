@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/conv/gemm_support.h"
+#include "backend/cpu/common/gemm_support.h"
 #include "backend/cpu/quantized/decode.h"
 #include "backend/cpu/quantized/quantized_routes.h"
 #include "lattice/core/error.h"

@@ -1,5 +1,5 @@
-// Dense building blocks shared by the GEMM-based CPU conv routes (pointwise_matmul,
-// gather_gemm_scatter). Private to src/backend/cpu/conv/.
+// Dense building blocks shared by the GEMM-based CPU routes (conv pointwise_matmul and
+// gather_gemm_scatter, quantized fused_dequant_gemm). Private to src/backend/cpu/.
 //
 // Threading model: lattice owns every CPU thread it uses. GEMMs go through BLIS's typed API in
 // its single-threaded build (libblis serial), called from inside lattice's own OpenMP regions
