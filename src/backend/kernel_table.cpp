@@ -194,6 +194,13 @@ const QuantizedKernels* find_quantized_kernels(RouteId id) {
   }
 }
 
+void (*find_dequantize_kernel(Device device))(const DequantizeArgs&) {
+  // The CPU decoder is dequant_reference's; the CUDA one is filed under the CUDA route.
+  const QuantizedKernels* k = find_quantized_kernels(device.is_cpu() ? RouteId::quantized_dequant_reference
+                                                                     : RouteId::quantized_cuda_dequant_gemm);
+  return k ? k->dequantize : nullptr;
+}
+
 DeviceCaps device_caps() {
   static const DeviceCaps cached = [] {
     DeviceCaps c;

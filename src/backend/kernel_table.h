@@ -30,6 +30,9 @@ struct QuantizedKernels {
 };
 // nullptr when the route has no kernels in this build.
 const QuantizedKernels* find_quantized_kernels(RouteId id);
+// The packed-weight decoder for data on `device` (dequant_reference's whole-weight dequantize):
+// nullptr when this build has none for that device.
+void (*find_dequantize_kernel(Device device))(const DequantizeArgs&);
 
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);

@@ -117,4 +117,31 @@ PlannedRelation plan_relation(std::string_view op, RelationKind kind,
   return planned;
 }
 
+backend::RelationView relation_view(const Relation& r, ConvPass pass) {
+  backend::RelationView v;
+  v.n_in = r.n_in;
+  v.n_out = r.n_out;
+  v.kernel_volume = r.kernel_volume;
+  v.n_edges = r.n_edges;
+  v.in_idx = r.in_idx.data<std::int32_t>();
+  v.out_idx = r.out_idx.data<std::int32_t>();
+  v.k_idx = r.k_idx.data<std::int32_t>();
+  v.out_ptr = r.out_ptr.data<std::int64_t>();
+  v.k_ptr = r.k_ptr.data<std::int64_t>();
+  v.k_in = r.k_in.data<std::int32_t>();
+  v.k_out = r.k_out.data<std::int32_t>();
+  v.identity = r.identity;
+  if (pass == ConvPass::input_grad) {
+    const Relation::InputGrouping& g = r.input_grouping();
+    v.in_ptr = g.in_ptr.data<std::int64_t>();
+    v.kt_in = g.kt_in.data<std::int32_t>();
+    v.kt_out = g.kt_out.data<std::int32_t>();
+  }
+  if (pass != ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
+    const Array& map = r.gemm_map();
+    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
+  }
+  return v;
+}
+
 }  // namespace lattice::ops

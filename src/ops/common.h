@@ -4,6 +4,7 @@
 #include <memory>
 #include <string_view>
 
+#include "backend/args.h"
 #include "lattice/core/vocab.h"
 #include "lattice/route/route.h"
 #include "lattice/tensor/coordinate_set.h"
@@ -46,5 +47,10 @@ struct PlannedRelation {
 PlannedRelation plan_relation(std::string_view op, RelationKind kind,
                               const std::shared_ptr<CoordinateSet>& x, const KernelSpec& requested,
                               const std::shared_ptr<CoordinateSet>& target);
+
+// The kernels' view of a relation (non-owning pointers into its arrays). `pass` input_grad adds
+// the input-side grouping; relations on a CUDA device add their cached N_out x K map for the
+// forward and weight passes (device routes read it; CPU routes do not need it).
+backend::RelationView relation_view(const Relation& r, ConvPass pass = ConvPass::forward);
 
 }  // namespace lattice::ops

@@ -14,34 +14,6 @@ namespace lattice::ops {
 
 namespace {
 
-backend::RelationView view_of(const Relation& r, ConvPass pass = ConvPass::forward) {
-  backend::RelationView v;
-  v.n_in = r.n_in;
-  v.n_out = r.n_out;
-  v.kernel_volume = r.kernel_volume;
-  v.n_edges = r.n_edges;
-  v.in_idx = r.in_idx.data<std::int32_t>();
-  v.out_idx = r.out_idx.data<std::int32_t>();
-  v.k_idx = r.k_idx.data<std::int32_t>();
-  v.out_ptr = r.out_ptr.data<std::int64_t>();
-  v.k_ptr = r.k_ptr.data<std::int64_t>();
-  v.k_in = r.k_in.data<std::int32_t>();
-  v.k_out = r.k_out.data<std::int32_t>();
-  v.identity = r.identity;
-  if (pass == ConvPass::input_grad) {
-    const Relation::InputGrouping& g = r.input_grouping();
-    v.in_ptr = g.in_ptr.data<std::int64_t>();
-    v.kt_in = g.kt_in.data<std::int32_t>();
-    v.kt_out = g.kt_out.data<std::int32_t>();
-  }
-  // Device routes read the cached N_out x K map (CPU routes do not need it).
-  if (pass != ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
-    const Array& map = r.gemm_map();
-    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
-  }
-  return v;
-}
-
 // Checked weight: the canonical (K, C_in, C_out) contiguous copy/view plus the caller's layout.
 struct CheckedWeight {
   Array kernel_major;
@@ -184,7 +156,7 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
   Array y = Array::empty({plan.relation->n_out, w.c_out}, x.dtype(), x.device());
   backend::ConvArgs args;
   args.dtype = x.dtype();
-  args.rel = view_of(*plan.relation);
+  args.rel = relation_view(*plan.relation);
   args.c_in = x.dim(1);
   args.c_out = w.c_out;
   args.x = x.raw_data();
@@ -215,7 +187,7 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   const Array dy = grad_out.contiguous();
   backend::ConvArgs args;
   args.dtype = x.dtype();
-  args.rel = view_of(*plan.relation);
+  args.rel = relation_view(*plan.relation);
   args.c_in = x.dim(1);
   args.c_out = w.c_out;
   args.x = x.raw_data();
@@ -228,7 +200,7 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
     grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
     args.dx = grads.input.raw_data();
-    args.rel = view_of(*plan.relation, ConvPass::input_grad);
+    args.rel = relation_view(*plan.relation, ConvPass::input_grad);
     k.input_grad(args);
   }
   if (request.weight) {
@@ -239,18 +211,15 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
   }
   if (request.bias) {
-    // Device routes sum on their device (with the weight-gradient route's kernels); CPU on the host.
-    const backend::ConvKernels* k =
-        x.device().is_cpu() ? nullptr : &choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
-    if (k && k->bias_grad) {
+    // A route with a bias kernel sums on its device; otherwise the host sums (CPU routes).
+    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    if (k.bias_grad) {
       grads.bias = Array::empty({w.c_out}, x.dtype(), x.device());
-      args.rel = view_of(*plan.relation);
+      args.rel = relation_view(*plan.relation);
       args.dbias = grads.bias.raw_data();
-      k->bias_grad(args);
-    } else if (x.device().is_cpu()) {
-      grads.bias = bias_grad(dy);
+      k.bias_grad(args);
     } else {
-      grads.bias = bias_grad(dy.to(Device::cpu())).to(x.device());
+      grads.bias = x.device().is_cpu() ? bias_grad(dy) : bias_grad(dy.to(Device::cpu())).to(x.device());
     }
   }
   return grads;

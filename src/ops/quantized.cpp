@@ -159,28 +159,6 @@ Array check_bias(std::string_view op, const Array* bias, const Array& feats, std
   return bias->contiguous();
 }
 
-backend::RelationView view_of(const Relation& r) {
-  backend::RelationView v;
-  v.n_in = r.n_in;
-  v.n_out = r.n_out;
-  v.kernel_volume = r.kernel_volume;
-  v.n_edges = r.n_edges;
-  v.in_idx = r.in_idx.data<std::int32_t>();
-  v.out_idx = r.out_idx.data<std::int32_t>();
-  v.k_idx = r.k_idx.data<std::int32_t>();
-  v.out_ptr = r.out_ptr.data<std::int64_t>();
-  v.k_ptr = r.k_ptr.data<std::int64_t>();
-  v.k_in = r.k_in.data<std::int32_t>();
-  v.k_out = r.k_out.data<std::int32_t>();
-  v.identity = r.identity;
-  // Device routes read the cached N_out x K map (built with the relation on the device).
-  if (r.in_idx.defined() && r.in_idx.device().is_cuda()) {
-    const Array& map = r.gemm_map();
-    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
-  }
-  return v;
-}
-
 backend::RelationView identity_view(std::int64_t n) {
   backend::RelationView v;
   v.n_in = v.n_out = v.n_edges = n;
@@ -245,16 +223,15 @@ const backend::QuantizedKernels& kernels_of(RouteId id) {
 // The whole weight (K, C_in, C_out) of `dtype` on `device`: dequant_reference's decoder (on
 // CUDA data the device decoder, which the kernel table files under the CUDA route).
 Array dequantize_checked(const CheckedQuantized& w, Dtype dtype, const Device& device) {
-  const backend::QuantizedKernels& k = kernels_of(device.is_cpu() ? RouteId::quantized_dequant_reference
-                                                                  : RouteId::quantized_cuda_dequant_gemm);
-  LATTICE_ASSERT(k.dequantize != nullptr, "quantized route has no dequantize kernel");
+  const auto dequantize = backend::find_dequantize_kernel(device);
+  LATTICE_ASSERT(dequantize != nullptr, "no packed-weight decoder for this device in this build");
   Array out = Array::empty({w.args.kernel_volume, w.args.c_in, w.args.c_out}, dtype, device);
   backend::DequantizeArgs a;
   a.w = w.args;
   a.dtype = dtype;
   a.out = out.raw_data();
   a.device = device;
-  k.dequantize(a);
+  dequantize(a);
   return out;
 }
 
@@ -301,7 +278,7 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
   Array y = Array::empty({plan.relation->n_out, w.args.c_out}, x.dtype(), x.device());
   backend::QuantizedConvArgs a;
   a.dtype = x.dtype();
-  a.rel = view_of(*plan.relation);
+  a.rel = relation_view(*plan.relation);
   a.w = w.args;
   a.x = x.raw_data();
   a.bias = b.defined() ? b.raw_data() : nullptr;
@@ -340,12 +317,10 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
     cp.c_out = w.args.c_out;
     cp.kernel_volume = 1;
     cp.identity_relation = true;
-    // CPU: pointwise_matmul; CUDA: cuda_gather_gemm_scatter (f32 without tf32) over an identity
-    // relation whose edge arrays live on the device.
+    // The conv table picks the float route (CPU: pointwise_matmul; CUDA: a device route over an
+    // identity relation whose edge arrays live on the device).
     const bool on_cpu = x.device().is_cpu();
-    RoutePolicy force;
-    force.force = on_cpu ? RouteId::conv_pointwise_matmul : RouteId::conv_cuda_gather_gemm_scatter;
-    const RouteId fid = chosen_or_throw(explain(cp, backend::device_caps(), force));
+    const RouteId fid = chosen_or_throw(explain(cp, backend::device_caps(), effective_policy({}, "conv")));
     const backend::ConvKernels* ck = backend::find_conv_kernels(fid);
     LATTICE_ASSERT(ck != nullptr, "admitted conv route has no kernels in this build");
     IdentityArrays ident;
@@ -398,8 +373,7 @@ Array dequantize_kernel_major(std::string_view op, const QuantizedWeight& weight
     kv = weight.shape[1] * weight.shape[2] * weight.shape[3];
   }
   if (!weight.packed.defined()) throw_value_error(op, "weight", "packed words", "nothing");
-  if (!weight.packed.device().is_cpu() &&
-      backend::find_quantized_kernels(RouteId::quantized_cuda_dequant_gemm) == nullptr)
+  if (backend::find_dequantize_kernel(weight.packed.device()) == nullptr)
     throw UnsupportedError("[" + std::string(op) + "] weight: expected a CPU weight (this build has no CUDA backend), got " +
                            to_string(weight.packed.device()));
   const CheckedQuantized w = check_quantized(op, weight, c_in, weight.packed.device(), is_linear, kv, ks);

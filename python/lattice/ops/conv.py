@@ -114,6 +114,11 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
             return x.replace_feats(feats)
         return SparseTensor._from_core(p.output, feats)
     check_device(op, "bias", bias, x.device)
+    if weight.is_cuda and weight.dim() == 5 and weight.shape[4] == x.feats.shape[1]:
+        # The core takes kernel-major weights; it permutes a dense (C_out, Kx, Ky, Kz, C_in) one
+        # itself, but for CUDA data only through the host (a copy each way, every call and every
+        # backward). torch permutes on the device instead, and autograd maps the gradient back.
+        weight = weight.permute(1, 2, 3, 4, 0).reshape(-1, weight.shape[4], weight.shape[0])
     feats = ConvFunction.apply(x.feats, weight, bias, p)
     if p.output.key == x.key:
         return x.replace_feats(feats)
