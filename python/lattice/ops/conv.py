@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from .._autocast import autocast_dtype, cast
 from .._core import as_triple, core
 from .._device import check_device
 from ..autograd import ConvFunction
@@ -108,18 +109,23 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
          route: Optional[str] = None) -> SparseTensor:
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"[{op}] bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    # torch.autocast: features, weight and bias in the autocast dtype, as torch's conv3d (_autocast.py)
+    amp = autocast_dtype(x.feats.device)
+    feats_in = cast(x.feats, amp)
+    bias = cast(bias, amp)
     if _quantized.is_quantized(weight):  # packed int4/int8 weight: inference-only quantized routes
-        feats = _quantized.conv_forward(op, p, x.feats, weight, bias, route)
+        feats = _quantized.conv_forward(op, p, feats_in, weight, bias, route)
         if p.output.key == x.key:
             return x.replace_feats(feats)
         return SparseTensor._from_core(p.output, feats)
     check_device(op, "bias", bias, x.device)
+    weight = cast(weight, amp)
     if weight.is_cuda and weight.dim() == 5 and weight.shape[4] == x.feats.shape[1]:
         # The core takes kernel-major weights; it permutes a dense (C_out, Kx, Ky, Kz, C_in) one
         # itself, but for CUDA data only through the host (a copy each way, every call and every
         # backward). torch permutes on the device instead, and autograd maps the gradient back.
         weight = weight.permute(1, 2, 3, 4, 0).reshape(-1, weight.shape[4], weight.shape[0])
-    feats = ConvFunction.apply(x.feats, weight, bias, p)
+    feats = ConvFunction.apply(feats_in, weight, bias, p)
     if p.output.key == x.key:
         return x.replace_feats(feats)
     return SparseTensor._from_core(p.output, feats)

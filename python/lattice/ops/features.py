@@ -101,8 +101,10 @@ def linear(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     x = _check("linear", input)
     c = x.feats.shape[1]
     from . import quantized as _quantized  # lazy: quantized imports the core
-    if _quantized.is_quantized(weight):
-        return x.replace_feats(_quantized.linear_forward(x.feats, weight, bias, route))
+    if _quantized.is_quantized(weight):  # torch.autocast: activations and bias in its dtype (_autocast.py)
+        from .._autocast import autocast_dtype, cast
+        amp = autocast_dtype(x.feats.device)
+        return x.replace_feats(_quantized.linear_forward(cast(x.feats, amp), weight, cast(bias, amp), route))
     if route is not None:
         raise ValueError(f"[linear] route: expected None for a float weight (torch's dense kernel), got {route!r}")
     if not isinstance(weight, torch.Tensor):
