@@ -96,6 +96,7 @@ ALLOWED: dict[str, set[str]] = {
     "io": {"core", "io", "std"},
     "bindings": PUBLIC | {"bindings", "std", "external"},
     "examples": PUBLIC | {"std", "external"},
+    "umbrella": PUBLIC | {"std"},
 }
 
 
@@ -328,10 +329,15 @@ def computed_include_violations(tree: Tree) -> list[str]:
 
 def layer_violations(tree: Tree) -> list[str]:
     """Every file of a layer reaches (transitively) only what ``ALLOWED`` lists for its layer;
-    public headers additionally only public headers and std."""
+    public headers additionally only public headers and std. A source under src/ or include/ that
+    belongs to no known layer (a new folder, a file directly in src/) is a violation itself, so a
+    file cannot escape the rules by living somewhere new."""
     out = []
     for r in sorted(tree.sources):
         layer = owner_of(r)
+        if r.startswith(("src/", "include/")) and layer not in ALLOWED:
+            out.append(f"{r}:1: belongs to no layer of DESIGN.md ({layer}); known: {', '.join(sorted(ALLOWED))}")
+            continue
         rules = []
         if layer in ALLOWED:
             rules.append((layer, ALLOWED[layer]))
@@ -392,9 +398,11 @@ def cmake_cuda_macros(root: Path) -> set[str]:
                 stack.pop()
             elif word not in ("else",):
                 under_cuda = any("CUDA" in s for s in stack)
+                if word == "target_compile_definitions":
+                    args = args.split(None, 1)[1] if len(args.split(None, 1)) > 1 else ""  # drop the target
                 for tok in re.findall(r"(?:-D)?([A-Za-z_]\w*)(=\S*)?", args):
                     name, value = tok
-                    if name in ("PRIVATE", "PUBLIC", "INTERFACE") or not (value or name.isupper()):
+                    if name in ("PRIVATE", "PUBLIC", "INTERFACE"):
                         continue
                     if under_cuda or "CUDA" in value:
                         out.add(name)
@@ -481,7 +489,7 @@ def backend_name_violations(tree: Tree) -> list[str]:
     out = []
     for src in tree.under(*NON_BACKEND_TREES):
         b = src.bare
-        for m in re.finditer(r"\bnamespace\s+(?:\w+\s*::\s*)*backend\b[\w:\s]*", b):
+        for m in re.finditer(r"\bnamespace\s+(?:(?:inline\s+)?\w+\s*::\s*)*(?:inline\s+)?backend\b[\w:\s]*", b):
             out.append(f"{src.rel}:{src.line_of(m.start())}: opens namespace {m.group(0)[10:].strip()} "
                        "outside src/backend (declares backend symbols)")
         for m in re.finditer(r"\bnamespace\s+\w+\s*=\s*[\w:\s]*\bbackend\b[\w:]*", b):

@@ -364,10 +364,25 @@ def _inject(root: Path, case: str) -> list[str]:
     if case == "f: #if continued on a second line":
         _insert_after_includes(root / "src/ops/conv.cpp", "#if defined(FOO) || \\\n    defined(LATTICE_HAS_CUDA)\n#endif")
         return ["src/ops/conv.cpp"]
-    if case == "f: macro name split by a continuation, comment in the condition":
-        _insert_after_includes(root / "src/ops/coords.cpp", "#ifdef LATTICE_HAS_\\\nCUDA\n#endif\n"
-                               "# /* x */ if /* y */ defined(__CUDA_ARCH__) // z\n#endif")
+    if case == "f: macro name split by a continuation":
+        _insert_after_includes(root / "src/ops/coords.cpp", "#ifdef LATTICE_HAS_\\\nCUDA\n#endif")
         return ["src/ops/coords.cpp"]
+    if case == "f: comments inside the directive":
+        _insert_after_includes(root / "src/ops/algebra.cpp", "# /* x */ if /* y */ defined(__CUDA_ARCH__) // z\n#endif")
+        return ["src/ops/algebra.cpp"]
+    if case == "e: alias defined by CMake from LATTICE_HAS_CUDA":
+        cm = root / "CMakeLists.txt"
+        cm.write_text(cm.read_text() + "\ntarget_compile_definitions(lattice_ops PRIVATE "
+                      "LATTICE_GPU_BUILD=$<BOOL:${LATTICE_HAS_CUDA}>)\n")
+        _insert_after_includes(root / "src/ops/quantize.cpp", "#if LATTICE_GPU_BUILD\n#endif")
+        return ["src/ops/quantize.cpp"]
+    if case == "a: forward declaration in an inline namespace":
+        _write(root / "src/tensor/y.cpp", "namespace lattice::inline backend::cuda { void build(); }\n")
+        return ["src/tensor/y.cpp"]
+    if case == "a file outside every layer (new src folder, new backend folder)":
+        _write(root / "src/gpu/kernels.cpp", '#include "backend/cuda/runtime/check.h"\n')
+        _write(root / "src/backend/hip/conv.cpp", "// Constraints: none.\n")
+        return ["src/gpu/kernels.cpp", "src/backend/hip/conv.cpp"]
     if case == "oracle imports lattice":
         _insert_after_includes(root / "tests/oracle/conv.py", "import lattice.ops")
         return ["tests/oracle/conv.py"]
@@ -391,9 +406,14 @@ CASES = [
     "e: alias defined in a backend header, chained, used in src/tensor",
     "e: macro defined under #ifdef __CUDACC__ tested with #ifdef",
     "f: #if continued on a second line",
-    "f: macro name split by a continuation, comment in the condition",
+    "f: macro name split by a continuation",
+    "f: comments inside the directive",
     "oracle imports lattice",
     "oracle imports torch dynamically",
+    # beyond the six of issue 20: other ways around the same rules
+    "e: alias defined by CMake from LATTICE_HAS_CUDA",
+    "a: forward declaration in an inline namespace",
+    "a file outside every layer (new src folder, new backend folder)",
 ]
 
 
