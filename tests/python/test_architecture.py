@@ -1,183 +1,45 @@
-"""The dependency direction of DESIGN.md, checked on the source tree (no build needed).
+"""The dependency direction of DESIGN.md ("Three layers"), checked so that it cannot be walked around.
 
-Layers: core <- route <- backend (kernels) ; core, route, backend *table* <- semantic (tensor, ops).
-Each rule scans ``#include`` lines (or preprocessor conditionals, or file headers) and a failure
-lists every offending ``file:line``. The checks are plain functions of a source root, so the last
-tests run them on a small fake tree with known violations to show that they catch them.
+The rules live in tests/python/archcheck.py (also a script: ``python3 tests/python/archcheck.py``):
+
+* transitive includes: a file's layer is judged by every project header it reaches (quoted or
+  angled includes, resolved like the compiler does), so an allowed header that includes a backend
+  header taints everything that includes it;
+* the bindings and examples reach public headers only, io reaches core only, the oracle imports
+  numpy and the standard library only (``ast``);
+* CUDA conditionals are read after backslash splicing and comment removal, and a macro defined
+  from a CUDA macro (or inside a CUDA conditional, or by CMake under LATTICE_HAS_CUDA) is a CUDA
+  macro too;
+* outside src/backend nobody declares backend symbols (``namespace lattice::backend::cpu {...}``)
+  or names a backend sub-namespace;
+* the built static libraries: liblattice_ops.a and liblattice_tensor.a reference no symbol that a
+  backend library defines, no CUDA runtime symbol, and from ``lattice::backend::`` only the kernel
+  table's entry points (``nm -C``); io references nothing above core; the bindings nothing of the
+  backends.
+
+The last tests inject each of the six violations that walked around the old direct-include scan
+(issue 20) into a copy of this tree and show that the check fails and names the file.
+
+Where the tree and DESIGN.md differ, the check follows the tree and says so here: DESIGN's table
+gives the backend "core, shared index/geometry math" only, but the backends reach the route
+layer's vocabulary headers (lattice/route/caps.h, problem.h) through backend/args.h and the
+caps headers, and liblattice_backend_cuda.a calls lattice::tier_for_sm from liblattice_route.a
+(docs/architecture.md lists neither). The check allows the backends route headers and does not
+judge backend -> route symbols; everything else is DESIGN's rule.
 """
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+import shutil
+import subprocess
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import pytest
 
+import archcheck as A
+
 REPO = Path(__file__).resolve().parents[2]
-
-SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh"}
-# Trees that hold C++/CUDA sources of the project (CMake files are allowed CUDA conditionals).
-SOURCE_TREES = ("include", "src", "python/bindings", "tests/cpp", "examples", "benchmarks")
-# Quoted includes are looked up next to the file, then in the two include roots of every target.
-INCLUDE_ROOTS = ("include", "src")
-
-# C++20 standard library headers (and the C headers it keeps).
-STD_HEADERS = set(
-    """algorithm any array atomic barrier bit bitset charconv chrono codecvt compare complex concepts
-    condition_variable coroutine deque exception execution expected filesystem format forward_list
-    fstream functional future initializer_list iomanip ios iosfwd iostream istream iterator latch
-    limits list locale map memory memory_resource mutex new numbers numeric optional ostream queue
-    random ranges ratio regex scoped_allocator semaphore set shared_mutex source_location span
-    sstream stack stdexcept stop_token streambuf string string_view syncstream system_error thread
-    tuple type_traits typeindex typeinfo unordered_map unordered_set utility valarray variant vector
-    version cassert cctype cerrno cfenv cfloat cinttypes climits clocale cmath csetjmp csignal
-    cstdarg cstddef cstdint cstdio cstdlib cstring ctime cuchar cwchar cwctype""".split()
-)
-CUDA_HEADER = re.compile(r"^(cuda|cublas|cusparse|curand|cufft|nvrtc|nvtx|cooperative_groups|mma\.h|cub/|thrust/|cute/|cutlass/)")
-CUDA_MACROS = re.compile(r"\b(LATTICE_HAS_CUDA|LATTICE_BUILD_CUDA|__CUDACC__|__CUDA_ARCH__|__NVCC__)\b")
-CONDITIONAL = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|elifdef|elifndef)\b(.*)$")
-INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
-SEMANTIC_BACKEND_ALLOWED = ("backend/kernel_table.h", "backend/args.h")
-
-
-@dataclass(frozen=True)
-class Include:
-    """One ``#include`` line: where it is and what it names."""
-
-    file: str  # repository-relative, posix
-    line: int
-    target: str
-    angled: bool
-    owner: str  # see ``owner_of``
-
-    def __str__(self) -> str:
-        quote = "<>" if self.angled else '""'
-        return f"{self.file}:{self.line}: #include {quote[0]}{self.target}{quote[1]}  ({self.owner})"
-
-
-def source_files(root: Path, under: Iterable[str] = SOURCE_TREES) -> Iterator[Path]:
-    for tree in under:
-        base = root / tree
-        if base.is_dir():
-            yield from sorted(p for p in base.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file())
-
-
-def _rel(root: Path, path: Path) -> str:
-    return path.resolve().relative_to(root.resolve()).as_posix()
-
-
-def owner_of(path: str) -> str:
-    """The layer a repository-relative header belongs to.
-
-    ``core``/``route``/``tensor``/``ops`` (public header or src folder), ``backend/kernel_table.h``,
-    ``backend/args.h``, ``backend/common``, ``backend/cpu``, ``backend/cuda``, ``backend`` (other),
-    ``bindings``, or ``other``.
-    """
-    parts = path.split("/")
-    if parts[:2] == ["include", "lattice"]:
-        return parts[2] if len(parts) > 3 else "umbrella"
-    if parts[0] == "src" and len(parts) > 1:
-        if parts[1] == "backend":
-            rest = "/".join(parts[1:])
-            if rest in SEMANTIC_BACKEND_ALLOWED:
-                return rest
-            return "backend/" + parts[2] if len(parts) > 3 else "backend"
-        return parts[1]
-    if parts[:2] == ["python", "bindings"]:
-        return "bindings"
-    return "other"
-
-
-def includes(root: Path, file: Path) -> list[Include]:
-    """The ``#include`` lines of ``file`` with their targets resolved to a layer."""
-    out = []
-    rel = _rel(root, file)
-    for n, text in enumerate(file.read_text(errors="replace").splitlines(), start=1):
-        m = INCLUDE.match(text)
-        if not m:
-            continue
-        angled, target = m.group(1) == "<", m.group(2).strip()
-        if angled:
-            owner = "std" if target in STD_HEADERS else ("cuda" if CUDA_HEADER.match(target) else "external")
-        else:
-            owner = ""
-            for base in (file.parent, *(root / r for r in INCLUDE_ROOTS)):
-                cand = base / target
-                if cand.is_file():
-                    owner = owner_of(_rel(root, cand))
-                    break
-            if not owner:  # not found: judge by the spelling
-                first = target.split("/")[0]
-                if first == "lattice":
-                    owner = owner_of("include/" + target)
-                elif first in ("core", "route", "tensor", "ops", "io", "backend"):
-                    owner = owner_of("src/" + target)
-                else:
-                    owner = "other"
-        out.append(Include(rel, n, target, angled, owner))
-    return out
-
-
-def _violations(root: Path, trees: Iterable[str], ok: Callable[[Include], bool]) -> list[str]:
-    return [str(inc) for f in source_files(root, trees) for inc in includes(root, f) if not ok(inc)]
-
-
-# ---- the rules ----------------------------------------------------------------------------------
-
-
-def route_layer_violations(root: Path) -> list[str]:
-    """src/route and include/lattice/route include only core and route headers (and std)."""
-    return _violations(root, ("src/route", "include/lattice/route"), lambda i: i.owner in ("core", "route", "std"))
-
-
-def core_layer_violations(root: Path) -> list[str]:
-    """src/core and include/lattice/core include only core headers (and std)."""
-    return _violations(root, ("src/core", "include/lattice/core"), lambda i: i.owner in ("core", "std"))
-
-
-def backend_violations(root: Path) -> list[str]:
-    """src/backend never includes the semantic layer (lattice/ops, lattice/tensor, src/ops, src/tensor)."""
-    return _violations(root, ("src/backend",), lambda i: i.owner not in ("ops", "tensor"))
-
-
-def semantic_violations(root: Path) -> list[str]:
-    """src/ops and src/tensor reach the backend only through kernel_table.h, args.h and common/."""
-
-    def ok(i: Include) -> bool:
-        if not i.owner.startswith("backend"):
-            return i.owner != "cuda"
-        return i.owner in SEMANTIC_BACKEND_ALLOWED or i.owner == "backend/common"
-
-    return _violations(root, ("src/ops", "src/tensor"), ok)
-
-
-def public_header_violations(root: Path) -> list[str]:
-    """include/lattice headers include only public lattice headers and std (they get installed)."""
-    public = ("core", "route", "tensor", "ops", "io", "umbrella", "std")
-    return _violations(root, ("include",), lambda i: i.owner in public)
-
-
-def cuda_header_violations(root: Path) -> list[str]:
-    """CUDA toolkit headers appear only under src/backend/cuda."""
-    return [
-        str(i) for f in source_files(root) for i in includes(root, f)
-        if i.owner == "cuda" and not i.file.startswith("src/backend/cuda/")
-    ]
-
-
-def cuda_conditional_violations(root: Path) -> list[str]:
-    """Preprocessor conditionals on CUDA macros appear only under src/backend (and CMake)."""
-    out = []
-    for f in source_files(root):
-        rel = _rel(root, f)
-        if rel.startswith("src/backend/"):
-            continue
-        for n, text in enumerate(f.read_text(errors="replace").splitlines(), start=1):
-            m = CONDITIONAL.match(text)
-            if m and CUDA_MACROS.search(m.group(2)):
-                out.append(f"{rel}:{n}: {text.strip()}")
-    return out
 
 
 def route_files(root: Path) -> list[Path]:
@@ -200,7 +62,7 @@ def constraints_violations(root: Path) -> list[str]:
         lines = f.read_text(errors="replace").splitlines()
         first = next(((n, t) for n, t in enumerate(lines, start=1) if t.strip()), (1, "<empty file>"))
         if not re.match(r"^\s*(//|/\*)\s*Constraints:", first[1]):
-            out.append(f"{_rel(root, f)}:{first[0]}: first line is {first[1].strip()!r}, expected '// Constraints: ...'")
+            out.append(f"{A.rel(root, f)}:{first[0]}: first line is {first[1].strip()!r}, expected '// Constraints: ...'")
     return out
 
 
@@ -218,7 +80,7 @@ def route_id_file_violations(root: Path) -> list[str]:
         if not m or not m.group(1):
             continue
         path = m.group(2)
-        where = f"{_rel(root, header)}:{n + 1}: RouteId::{m.group(1)}"
+        where = f"{A.rel(root, header)}:{n + 1}: RouteId::{m.group(1)}"
         if not path:
             out.append(f"{where} names no implementation file (expected '// src/backend/...')")
         elif not (root / path).is_file():
@@ -235,10 +97,10 @@ def binding_name_violations(root: Path) -> list[str]:
             continue
         m = re.fullmatch(r"bind_([a-z][a-z0-9_]*)\.cpp", f.name)
         if not m:
-            out.append(f"{_rel(root, f)}:1: file name is not bind_<family>.cpp")
+            out.append(f"{A.rel(root, f)}:1: file name is not bind_<family>.cpp")
             continue
         if not re.search(rf"\bvoid\s+bind_{m.group(1)}\s*\(", f.read_text(errors="replace")):
-            out.append(f"{_rel(root, f)}:1: defines no function bind_{m.group(1)}(...)")
+            out.append(f"{A.rel(root, f)}:1: defines no function bind_{m.group(1)}(...)")
     return out
 
 
@@ -246,52 +108,83 @@ def _report(found: list[str], rule: str) -> str:
     return f"{rule}: {len(found)} violation(s)\n  " + "\n  ".join(found)
 
 
+def _all(found: dict[str, list[str]]) -> list[str]:
+    return [v for vs in found.values() for v in vs]
+
+
 # ---- the checks on this repository --------------------------------------------------------------
 
 
-def test_scanner_sees_the_layers() -> None:
-    """Guards against vacuous passes: the scan finds the files and includes it judges."""
-    route_cpp = includes(REPO, REPO / "src" / "route" / "route.cpp")
-    assert any(i.target == "lattice/route/route.h" and i.owner == "route" for i in route_cpp), route_cpp
-    assert any(True for _ in source_files(REPO, ("src/core",)))
+@pytest.fixture(scope="module")
+def tree() -> A.Tree:
+    return A.Tree(REPO)
+
+
+def test_scanner_sees_the_layers(tree: A.Tree) -> None:
+    """Guards against vacuous passes: the scan finds every layer, resolves includes transitively,
+    closes CUDA macros under aliasing, and knows the backend namespaces and table names."""
+    layers = {A.owner_of(r) for r in tree.sources}
+    assert {"core", "route", "tensor", "ops", "io", "bindings", A.TABLE, "backend/common", "backend/cpu",
+            "backend/cuda"} <= layers, layers
+    reach = tree.reach("src/ops/conv.cpp")
+    # conv.cpp -> ops/common.h -> backend/args.h -> backend/common/coord_hash.h (two levels down)
+    assert {"src/backend/kernel_table.h", "src/backend/args.h", "src/backend/common/coord_hash.h"} <= set(reach)
+    assert len(reach["src/backend/common/coord_hash.h"]) >= 2, reach["src/backend/common/coord_hash.h"]
+    assert any(e.owner == "cuda" for r in tree.sources if r.startswith("src/backend/cuda/") for e in tree.edges(r))
+    # backend/common/geometry.h defines LATTICE_HD inside `#if defined(__CUDACC__)`
+    assert "LATTICE_HD" in A.cuda_macros(tree)
+    assert {"cpu", "cuda"} <= A.backend_subnamespaces(tree)
+    assert {"find_conv_kernels", "ConvArgs", "device_caps"} <= A.table_names(tree)
+    assert any(True for _ in (REPO / "tests" / "oracle").glob("*.py"))
     assert any(f.parent.name == "conv" for f in route_files(REPO))
 
 
-def test_route_layer_includes_only_core_and_route_headers() -> None:
-    found = route_layer_violations(REPO)
-    assert not found, _report(found, "route layer may include only lattice/core, lattice/route and std")
+def test_no_computed_includes(tree: A.Tree) -> None:
+    found = A.computed_include_violations(tree)
+    assert not found, _report(found, "#include MACRO cannot be judged")
 
 
-def test_core_layer_includes_only_core_headers() -> None:
-    found = core_layer_violations(REPO)
-    assert not found, _report(found, "core layer may include only lattice/core and std")
+def test_every_layer_reaches_only_what_design_allows(tree: A.Tree) -> None:
+    """Transitive: core -> core; route -> core, route; tensor/ops -> core, route, tensor(, ops),
+    kernel_table.h, args.h, backend/common; the table headers and backend/common reach no backend
+    implementation; backends never reach ops/tensor/io/bindings (nor cpu <-> cuda); io -> core;
+    bindings and examples -> include/lattice; include/lattice -> include/lattice and std."""
+    found = A.layer_violations(tree)
+    assert not found, _report(found, "layer reach (transitive includes, archcheck.ALLOWED)")
 
 
-def test_backend_never_includes_the_semantic_layer() -> None:
-    found = backend_violations(REPO)
-    assert not found, _report(found, "src/backend must not include lattice/ops, lattice/tensor, src/ops, src/tensor")
+def test_cuda_headers_only_in_the_cuda_backend(tree: A.Tree) -> None:
+    found = A.cuda_header_violations(tree)
+    assert not found, _report(found, "CUDA toolkit headers are reached only from src/backend/cuda")
 
 
-def test_semantic_layer_uses_only_the_backend_table() -> None:
-    found = semantic_violations(REPO)
-    assert not found, _report(
-        found, "src/ops and src/tensor may include from backend/ only kernel_table.h, args.h and common/*"
-    )
+def test_cuda_conditionals_only_in_the_backend(tree: A.Tree) -> None:
+    found = A.cuda_conditional_violations(tree)
+    assert not found, _report(found, "#if on CUDA macros (aliases included) belongs in src/backend (or CMake)")
 
 
-def test_public_headers_include_only_public_headers() -> None:
-    found = public_header_violations(REPO)
-    assert not found, _report(found, "include/lattice may include only include/lattice headers and std")
+def test_no_backend_declarations_outside_the_backend(tree: A.Tree) -> None:
+    found = A.backend_name_violations(tree)
+    assert not found, _report(found, "outside src/backend only kernel_table.h/args.h names of lattice::backend")
 
 
-def test_cuda_headers_only_in_the_cuda_backend() -> None:
-    found = cuda_header_violations(REPO)
-    assert not found, _report(found, "CUDA toolkit headers belong in src/backend/cuda")
+def test_oracle_imports_numpy_and_the_standard_library_only() -> None:
+    found = A.oracle_import_violations(REPO)
+    assert not found, _report(found, "tests/oracle imports numpy, the standard library (and pytest in tests)")
 
 
-def test_cuda_conditionals_only_in_the_backend() -> None:
-    found = cuda_conditional_violations(REPO)
-    assert not found, _report(found, "#if/#ifdef on CUDA macros belongs in src/backend (or CMake)")
+def test_built_libraries_reach_the_backend_only_through_the_kernel_table() -> None:
+    """nm -C of the build folder (LATTICE_BUILD_DIR, default <repo>/build; `make test` builds it
+    first): the semantic layer's objects reference backend code only through kernel table entry
+    points. Skipped only when there is no build folder at all."""
+    build = A.build_dir(REPO)
+    if not build.is_dir():
+        pytest.skip(f"no build folder at {build} (set LATTICE_BUILD_DIR or run `make build`)")
+    found = A.symbol_violations(build, REPO / "src" / "backend" / "kernel_table.h")
+    assert not found, _report(found, f"symbols of {build}")
+    # not vacuous: the semantic layer does call the table
+    used = {s.name for s in A.nm(build / "liblattice_ops.a", False) if s.name.startswith("lattice::backend::")}
+    assert any("find_conv_kernels" in n for n in used), sorted(used)
 
 
 def test_every_route_file_opens_with_its_constraints() -> None:
@@ -309,7 +202,7 @@ def test_binding_files_are_named_by_family() -> None:
     assert not found, _report(found, "python/bindings: module.cpp + bind_<family>.cpp")
 
 
-# ---- the checks catch violations (a fake tree) --------------------------------------------------
+# ---- every rule on a small fake tree (known violations, file and line) --------------------------
 
 
 @pytest.fixture()
@@ -323,7 +216,7 @@ def bad_tree(tmp_path: Path) -> Path:
         ),
         "include/lattice/ops/conv.h": '#include "backend/kernel_table.h"\n',
         "src/route/route.cpp": '#include "lattice/route/route.h"\n#include "lattice/tensor/relation.h"\n#include <omp.h>\n',
-        "src/core/array.cpp": '#include "lattice/core/array.h"\n#include "backend/kernel_table.h"\n',
+        "src/core/array.cpp": '#include <string>\n#include "backend/kernel_table.h"\n',
         "src/backend/kernel_table.h": "#pragma once\n",
         "src/backend/args.h": "#pragma once\n",
         "src/backend/cpu/conv/reference.cpp": '// Constraints: CPU.\n#include "../../../ops/common.h"\n',
@@ -333,37 +226,286 @@ def bad_tree(tmp_path: Path) -> Path:
         "src/ops/common.h": "#pragma once\n",
         "src/ops/conv.cpp": (
             '#include "backend/kernel_table.h"\n#include "backend/cpu/conv/routes.h"\n'
-            '#ifdef LATTICE_HAS_CUDA\n#include <cuda_runtime.h>\n#endif\n'
+            '#ifdef LATTICE_HAS_CUDA\n#include <cuda_runtime.h>\n#endif\n#include INCLUDE_ME\n'
         ),
         "src/tensor/index.cpp": '#include "backend/common/hash.h"\n#  if defined(__CUDACC__)\n#endif\n',
         "python/bindings/module.cpp": "",
         "python/bindings/bind_conv.cpp": "void bind_conv(int& m) {}\n",
         "python/bindings/conv_bindings.cpp": "",
         "python/bindings/bind_pool.cpp": "void bind_pooling(int& m) {}\n",
+        "tests/oracle/ok.py": "import math\nimport numpy as np\nfrom . import ok\n",
+        "tests/oracle/test_ok.py": "import pytest\n",
+        "tests/oracle/bad.py": "import pytest\nfrom torch import nn\nfrom ..python import lattice\n\ndef f():\n    __import__('x')\n",
     }
     for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        _write(tmp_path / name, text)
     return tmp_path
 
 
 def test_checks_report_each_violation_with_file_and_line(bad_tree: Path) -> None:
     def where(found: list[str]) -> list[str]:
-        return sorted(v.split(": ")[0] for v in found)
+        return sorted(set(v.split(": ")[0] for v in found))
 
-    assert where(route_layer_violations(bad_tree)) == ["src/route/route.cpp:2", "src/route/route.cpp:3"]
-    assert where(core_layer_violations(bad_tree)) == [
-        "include/lattice/core/array.h:2", "src/core/array.cpp:2"]
-    # A relative include is resolved before it is judged.
-    assert where(backend_violations(bad_tree)) == [
-        "src/backend/cpu/conv/fast.cpp:2", "src/backend/cpu/conv/reference.cpp:2"]
-    assert where(semantic_violations(bad_tree)) == ["src/ops/conv.cpp:2", "src/ops/conv.cpp:4"]
-    assert where(public_header_violations(bad_tree)) == ["include/lattice/ops/conv.h:1"]
-    assert where(cuda_header_violations(bad_tree)) == ["src/ops/conv.cpp:4"]
-    assert where(cuda_conditional_violations(bad_tree)) == ["src/ops/conv.cpp:3", "src/tensor/index.cpp:2"]
+    tree = A.Tree(bad_tree)
+    assert where(A.layer_violations(tree)) == [
+        "include/lattice/core/array.h:2",  # core reaches route
+        "include/lattice/ops/conv.h:1",  # a public header reaches src/backend
+        "src/backend/cpu/conv/fast.cpp:2",  # backend reaches ops (and, through it, the table: allowed)
+        "src/backend/cpu/conv/reference.cpp:2",  # a relative include is resolved before it is judged
+        "src/core/array.cpp:2",  # core reaches the kernel table
+        "src/ops/conv.cpp:2", "src/ops/conv.cpp:4",  # a backend header; a CUDA header
+        "src/route/route.cpp:2", "src/route/route.cpp:3",  # tensor; an external header
+    ]
+    assert where(A.computed_include_violations(tree)) == ["src/ops/conv.cpp:6"]
+    assert where(A.cuda_header_violations(tree)) == ["src/ops/conv.cpp:4"]
+    assert where(A.cuda_conditional_violations(tree)) == ["src/ops/conv.cpp:3", "src/tensor/index.cpp:2"]
+    assert where(A.oracle_import_violations(bad_tree)) == [
+        "tests/oracle/bad.py:1", "tests/oracle/bad.py:2", "tests/oracle/bad.py:3", "tests/oracle/bad.py:6"]
     assert where(constraints_violations(bad_tree)) == ["src/backend/cpu/conv/fast.cpp:1", "src/backend/cuda/conv/tiled.cu:1"]
     assert where(route_id_file_violations(bad_tree)) == [
         "include/lattice/route/route.h:3", "include/lattice/route/route.h:4"]
     assert where(binding_name_violations(bad_tree)) == [
         "python/bindings/bind_pool.cpp:1", "python/bindings/conv_bindings.cpp:1"]
+
+
+# ---- the six violations of issue 20, injected into a copy of this tree --------------------------
+
+# What the source rules read; tests/cpp and benchmarks have no layer of their own.
+COPIED = ("include", "src", "python/bindings", "examples", "tests/oracle", "CMakeLists.txt")
+
+
+def _copy_tree(dst: Path) -> Path:
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / name)
+    return dst
+
+
+def _insert_after_includes(path: Path, text: str) -> None:
+    """Puts ``text`` after the last #include of ``path`` (or at the top when it has none)."""
+    lines = path.read_text().split("\n")
+    last = max((n for n, t in enumerate(lines) if re.match(r"\s*#\s*include\b", t)), default=-1)
+    lines[last + 1:last + 1] = text.split("\n")
+    path.write_text("\n".join(lines))
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+FORWARD_DECLARED_CALL = """\
+#include "backend/kernel_table.h"
+namespace lattice::backend::cpu {
+void conv_reference(const ConvArgs& args);
+}
+namespace lattice::ops {
+void run_reference(const backend::ConvArgs& args) { backend::cpu::conv_reference(args); }
+}  // namespace lattice::ops
+"""
+FORWARD_DECLARED_NESTED = """\
+#include "backend/kernel_table.h"
+namespace lattice {
+namespace backend { namespace cpu { void conv_reference(const ConvArgs&); } }
+namespace ops {
+using namespace lattice::backend;
+void run_reference(const ConvArgs& args) { cpu::conv_reference(args); }
+}  // namespace ops
+}  // namespace lattice
+"""
+
+
+def _inject(root: Path, case: str) -> list[str]:
+    """Applies one violation to the copy at ``root``; returns the files the check must name."""
+    if case == "a: forward-declared backend call from src/ops":
+        _write(root / "src/ops/x.cpp", FORWARD_DECLARED_CALL)
+        return ["src/ops/x.cpp"]
+    if case == "a: forward declaration in nested namespace blocks, called through using namespace":
+        _write(root / "src/ops/x.cpp", FORWARD_DECLARED_NESTED)
+        return ["src/ops/x.cpp"]
+    if case == "b: kernel_table.h includes a backend header":
+        _insert_after_includes(root / "src/backend/kernel_table.h", '#include "backend/cpu/conv/conv_routes.h"')
+        # the header itself, and a semantic file that reaches it
+        return ["src/backend/kernel_table.h", "src/ops/conv.cpp"]
+    if case == "b: args.h includes a backend header":
+        _insert_after_includes(root / "src/backend/args.h", '#include "cpu/pool/pool_routes.h"')
+        return ["src/backend/args.h", "src/tensor/coord_index.h"]
+    if case == "b: backend/common includes a backend header":
+        _insert_after_includes(root / "src/backend/common/geometry.h", '#include "../cpu/caps.h"')
+        return ["src/backend/common/geometry.h", "src/tensor/relation.cpp"]
+    if case == "c: bindings include a backend header":
+        _insert_after_includes(root / "python/bindings/bind_conv.cpp", '#include "backend/cpu/conv/conv_routes.h"')
+        return ["python/bindings/bind_conv.cpp"]
+    if case == "c: bindings include the kernel table with angle brackets":
+        _insert_after_includes(root / "python/bindings/common.h", "#include <backend/kernel_table.h>")
+        return ["python/bindings/common.h", "python/bindings/bind_core.cpp"]
+    if case == "d: io includes a backend header":
+        _insert_after_includes(root / "src/io/kitti.cpp", '#include "backend/cpu/caps.h"')
+        return ["src/io/kitti.cpp"]
+    if case == "d: io includes the kernel table by a relative path":
+        _insert_after_includes(root / "src/io/common.h", '#include "../backend/kernel_table.h"')
+        return ["src/io/common.h", "src/io/ply.cpp"]
+    if case == "e: CUDA #if through an alias macro":
+        _insert_after_includes(root / "src/ops/conv.cpp", "#define HAVE_GPU LATTICE_HAS_CUDA\n#if HAVE_GPU\n#endif")
+        return ["src/ops/conv.cpp"]
+    if case == "e: alias defined in a backend header, chained, used in src/tensor":
+        _insert_after_includes(root / "src/backend/args.h",
+                               "#define LATTICE_GPU_ON LATTICE_HAS_CUDA\n#define LATTICE_FAST (LATTICE_GPU_ON && 1)")
+        _insert_after_includes(root / "src/tensor/relation.cpp", "#if LATTICE_FAST\n#endif")
+        return ["src/tensor/relation.cpp"]
+    if case == "e: macro defined under #ifdef __CUDACC__ tested with #ifdef":
+        # LATTICE_HD is defined by backend/common/geometry.h in both branches of `#if defined(__CUDACC__)`
+        _insert_after_includes(root / "src/ops/pool.cpp", "#ifdef LATTICE_HD\n#endif")
+        return ["src/ops/pool.cpp"]
+    if case == "f: #if continued on a second line":
+        _insert_after_includes(root / "src/ops/conv.cpp", "#if defined(FOO) || \\\n    defined(LATTICE_HAS_CUDA)\n#endif")
+        return ["src/ops/conv.cpp"]
+    if case == "f: macro name split by a continuation":
+        _insert_after_includes(root / "src/ops/coords.cpp", "#ifdef LATTICE_HAS_\\\nCUDA\n#endif")
+        return ["src/ops/coords.cpp"]
+    if case == "f: comments inside the directive":
+        _insert_after_includes(root / "src/ops/algebra.cpp", "# /* x */ if /* y */ defined(__CUDA_ARCH__) // z\n#endif")
+        return ["src/ops/algebra.cpp"]
+    if case == "e: alias defined by CMake from LATTICE_HAS_CUDA":
+        cm = root / "CMakeLists.txt"
+        cm.write_text(cm.read_text() + "\ntarget_compile_definitions(lattice_ops PRIVATE "
+                      "LATTICE_GPU_BUILD=$<BOOL:${LATTICE_HAS_CUDA}>)\n")
+        _insert_after_includes(root / "src/ops/quantize.cpp", "#if LATTICE_GPU_BUILD\n#endif")
+        return ["src/ops/quantize.cpp"]
+    if case == "a: forward declaration in an inline namespace":
+        _write(root / "src/tensor/y.cpp", "namespace lattice::inline backend::cuda { void build(); }\n")
+        return ["src/tensor/y.cpp"]
+    if case == "a file outside every layer (new src folder, new backend folder)":
+        _write(root / "src/gpu/kernels.cpp", '#include "backend/cuda/runtime/check.h"\n')
+        _write(root / "src/backend/hip/conv.cpp", "// Constraints: none.\n")
+        return ["src/gpu/kernels.cpp", "src/backend/hip/conv.cpp"]
+    if case == "oracle imports lattice":
+        _insert_after_includes(root / "tests/oracle/conv.py", "import lattice.ops")
+        return ["tests/oracle/conv.py"]
+    if case == "oracle imports torch dynamically":
+        _insert_after_includes(root / "tests/oracle/pool.py", "import importlib\n_t = importlib.import_module('torch')")
+        return ["tests/oracle/pool.py"]
+    raise AssertionError(case)
+
+
+CASES = [
+    "a: forward-declared backend call from src/ops",
+    "a: forward declaration in nested namespace blocks, called through using namespace",
+    "b: kernel_table.h includes a backend header",
+    "b: args.h includes a backend header",
+    "b: backend/common includes a backend header",
+    "c: bindings include a backend header",
+    "c: bindings include the kernel table with angle brackets",
+    "d: io includes a backend header",
+    "d: io includes the kernel table by a relative path",
+    "e: CUDA #if through an alias macro",
+    "e: alias defined in a backend header, chained, used in src/tensor",
+    "e: macro defined under #ifdef __CUDACC__ tested with #ifdef",
+    "f: #if continued on a second line",
+    "f: macro name split by a continuation",
+    "f: comments inside the directive",
+    "oracle imports lattice",
+    "oracle imports torch dynamically",
+    # beyond the six of issue 20: other ways around the same rules
+    "e: alias defined by CMake from LATTICE_HAS_CUDA",
+    "a: forward declaration in an inline namespace",
+    "a file outside every layer (new src folder, new backend folder)",
+]
+
+
+def test_the_copied_tree_passes(tmp_path: Path) -> None:
+    """The baseline of the injection tests: an untouched copy has no violation, so each failure
+    below comes from its injection alone."""
+    found = _all(A.source_violations(_copy_tree(tmp_path)))
+    assert not found, _report(found, "untouched copy")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_injected_violation_fails_the_check(tmp_path: Path, case: str) -> None:
+    root = _copy_tree(tmp_path)
+    named = _inject(root, case)
+    found = _all(A.source_violations(root))
+    assert found, f"{case}: the check passed"
+    for f in named:
+        assert any(v.startswith(f + ":") for v in found), f"{case}: {f} not named in\n  " + "\n  ".join(found)
+
+
+def test_comments_and_strings_are_not_violations(tmp_path: Path) -> None:
+    """The reader removes comments and string contents before judging, so prose about the
+    backend (and the `}  // namespace lattice::backend::cpu` lines of the backend) is not a
+    false positive in the semantic layer."""
+    root = _copy_tree(tmp_path)
+    _insert_after_includes(root / "src/ops/conv.cpp", (
+        '// #include "backend/cpu/conv/conv_routes.h"\n/* namespace lattice::backend::cpu { } */\n'
+        'static const char* kNote = "backend::cpu::conv_reference #if LATTICE_HAS_CUDA";\n'
+        "// #if LATTICE_HAS_CUDA\nstatic const int kSep = 1'000'000;"))
+    found = _all(A.source_violations(root))
+    assert not found, _report(found, "comments and strings")
+
+
+# ---- the symbol check on a small fake build -----------------------------------------------------
+
+FAKE_OBJECTS = {
+    "backend_cpu/conv.cpp": (
+        "namespace lattice::backend::cpu { void conv_reference(int) {} }\n"
+        'extern "C" void lattice_cpu_conv(int) {}\n'
+        "namespace lattice::ops { void sneaky(int) {} }\n"),
+    "backend/kernel_table.cpp": (
+        "namespace lattice::backend { void* find_conv_kernels(int) { return nullptr; }\n"
+        "void* table_helper() { return nullptr; } }\n"),
+    "ops/ok.cpp": "namespace lattice::backend { void* find_conv_kernels(int); }\nvoid* ok() { return lattice::backend::find_conv_kernels(1); }\n",
+    "ops/forward_declared.cpp": "namespace lattice::backend::cpu { void conv_reference(int); }\nvoid f() { lattice::backend::cpu::conv_reference(1); }\n",
+    "ops/extern_c.cpp": 'extern "C" void lattice_cpu_conv(int);\nvoid g() { lattice_cpu_conv(1); }\n',
+    "ops/other_namespace.cpp": "namespace lattice::ops { void sneaky(int); }\nvoid h() { lattice::ops::sneaky(1); }\n",
+    "ops/cuda.cpp": 'extern "C" int cudaDeviceSynchronize();\nint k() { return cudaDeviceSynchronize(); }\n',
+    "tensor/helper.cpp": "namespace lattice::backend { void* table_helper(); }\nvoid* t() { return lattice::backend::table_helper(); }\n",
+    "io/reader.cpp": "namespace lattice::backend { void* find_conv_kernels(int); }\nvoid* r() { return lattice::backend::find_conv_kernels(2); }\n",
+    "core/core.cpp": "int core_fn() { return 0; }\n",
+    "route/route.cpp": "int route_fn() { return 0; }\n",
+}
+FAKE_LIBS = {"backend_cpu": "liblattice_backend_cpu.a", "backend": "liblattice_backend.a", "ops": "liblattice_ops.a",
+             "tensor": "liblattice_tensor.a", "io": "liblattice_io.a", "core": "liblattice_core.a",
+             "route": "liblattice_route.a"}
+
+
+def test_symbol_check_catches_backend_calls_that_bypass_the_table(tmp_path: Path) -> None:
+    """Tiny static libraries compiled here: every way of calling backend code that the source
+    rules might miss (a forward declaration, extern "C", a backend function put in another
+    namespace, a table helper that is not an entry point, a CUDA runtime call, io reaching the
+    table) is reported with its object, and the one legal table call is not."""
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+    ar = shutil.which("ar")
+    if cxx is None or ar is None:
+        pytest.skip("no C++ compiler/ar on PATH (the project cannot be built here either)")
+    srcs = []
+    for name, text in FAKE_OBJECTS.items():
+        path = tmp_path / "src" / name
+        _write(path, text)
+        srcs.append(path)
+    build = tmp_path / "build"
+    build.mkdir()
+    for folder, lib in FAKE_LIBS.items():
+        objs = []
+        for src in srcs:
+            if src.parent.name == folder:
+                obj = build / f"{src.stem}.cpp.o"
+                subprocess.run([cxx, "-std=c++20", "-c", str(src), "-o", str(obj)], check=True)
+                objs.append(str(obj))
+        subprocess.run([ar, "rcs", str(build / lib), *objs], check=True)
+    header = tmp_path / "kernel_table.h"
+    header.write_text("namespace lattice::backend {\nvoid* find_conv_kernels(int id);\n}\n")
+
+    found = A.symbol_violations(build, header)
+    by_object = {}
+    for v in found:
+        m = re.match(r"build/(\S+)\((\S+)\): references (.*?): ", v)
+        assert m, v
+        by_object.setdefault(m.group(2), []).append(m.group(3))
+    assert set(by_object) == {"forward_declared.cpp.o", "extern_c.cpp.o", "other_namespace.cpp.o", "cuda.cpp.o",
+                              "helper.cpp.o", "reader.cpp.o"}, "\n".join(found)
+    assert by_object["forward_declared.cpp.o"] == ["lattice::backend::cpu::conv_reference(int)"]
+    assert by_object["helper.cpp.o"] == ["lattice::backend::table_helper()"]
