@@ -183,6 +183,21 @@ def test_compare_reports_non_finite_mismatches_and_shapes():
     assert adm.compare(torch.full((5,), 1e-3), torch.zeros(5), "f32") != []
 
 
+def test_forcing_a_rejected_route_raises_the_documented_error():
+    """The helper the GPU tests use for rejected routes, on a CPU rejection: pointwise_matmul
+    forced on a 3x3x3 convolution."""
+    c = torch.from_numpy(random_coords(np.random.default_rng(3), 200, batches=1, extent=5, spread=4))
+    x = SparseTensor(c, torch.randn(c.shape[0], 4))
+    w = torch.randn(6, 3, 3, 3, 4)
+    adm.assert_forced_call_raises(lambda: ops.subm_conv3d(x, w, route="pointwise_matmul"), "subm_conv3d",
+                                  "pointwise_matmul", adm.Rejected("needs kernel volume 1, got 27"))
+    with pytest.raises(AssertionError):  # a wrong reason is caught
+        adm.assert_forced_call_raises(lambda: ops.subm_conv3d(x, w, route="pointwise_matmul"), "subm_conv3d",
+                                      "pointwise_matmul", adm.Rejected("needs a BLAS library"))
+    e = lattice.explain("subm_conv3d", x, w, route="pointwise_matmul")
+    adm.assert_forced_explanation(e, "pointwise_matmul", adm.Rejected("needs kernel volume 1"))
+
+
 def test_skip_reason_is_no_gpu_only():
     """The one skip reason starts with "no GPU"; on a machine with a GPU and a CUDA build there is none."""
     reason = adm.gpu_skip_reason()
