@@ -2,7 +2,8 @@
 
 The device checks themselves run everywhere (a ``meta`` tensor stands in for "another device" on a
 machine without a GPU); the rest needs a CUDA device and lattice's CUDA backend and is skipped with
-the reason otherwise.
+"no GPU" otherwise (the only skip). explain() on CUDA tensors is asserted against the admission
+table (cuda_admission.py) for the device's tier: the exact route chosen, not "one of the CUDA routes".
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import cuda_admission as adm
 import lattice
 from conftest import random_coords
 from lattice import nn as lnn
@@ -18,19 +20,7 @@ from lattice._device import as_device, check_device, device_name
 from lattice.tensor import SparseTensor
 
 
-def _cuda_reason():
-    if not torch.cuda.is_available():
-        return "needs CUDA: torch.cuda.is_available() is False (no GPU on this machine)"
-    caps = lattice.device_caps().get("cuda", {})
-    if not caps.get("built"):
-        return "needs CUDA: lattice was built without the CUDA backend"
-    if not caps.get("device_count"):
-        return f"needs CUDA: lattice sees no CUDA device ({caps.get('status')})"
-    return None
-
-
-REASON = _cuda_reason()
-needs_cuda = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+needs_cuda = adm.needs_gpu()  # the only skip: "no GPU" (no CUDA device, or lattice built without CUDA)
 DEV = torch.device("cuda", 0)
 
 
@@ -232,18 +222,46 @@ def test_non_contiguous_cuda_features_are_accepted():
 
 
 @needs_cuda
-def test_explain_with_cuda_tensors_names_cuda_routes():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_explain_with_cuda_tensors_names_the_table_route(dtype):
+    """Every family on CUDA tensors: explain() chooses exactly the route the admission table names
+    for this tier (implicit_gemm_sm80 for 16-bit conv from sm80 on, cuda_gather_gemm_scatter
+    for float32 without tf32 and on older GPUs), every row's verdict matches, and the route
+    that runs is the one explained (forcing the other admitted CUDA conv route also works)."""
+    tier = adm.device_tier()
     c = _coords()
-    x = SparseTensor(c.to(DEV), torch.randn(300, 16, device=DEV, dtype=torch.float16))
-    w = torch.randn(16, 3, 3, 3, 16, device=DEV, dtype=torch.float16)
-    e = lattice.explain("subm_conv3d", x, w)
-    assert e.chosen in ("cuda_gather_gemm_scatter", "implicit_gemm_sm80"), str(e)
-    for pass_ in ("input_grad", "weight_grad"):
-        assert lattice.explain("subm_conv3d", x, w, pass_=pass_).chosen in (
-            "cuda_gather_gemm_scatter", "implicit_gemm_sm80")
-    assert lattice.explain("max_pool3d", x, 2).chosen == "cuda_csr_reduce"
-    assert lattice.explain("sparse_add", x, SparseTensor(c.to(DEV), x.feats)).chosen == "cuda_hashed"
-    assert lattice.explain("downsample_coords", x.coords).chosen == "cuda"
-    assert lattice.explain("sparse_quantize", torch.rand(10, 3, device=DEV)).chosen == "cuda"
-    assert lattice.explain("voxelize", torch.rand(10, 3, device=DEV), torch.randn(10, 2, device=DEV), 0.1).chosen == "cuda"
-    assert "cuda" in str(e)
+    key = adm.dtype_key(dtype)
+    x = SparseTensor(c.to(DEV), torch.randn(300, 16, device=DEV, dtype=dtype))
+    w = torch.randn(16, 3, 3, 3, 16, device=DEV, dtype=dtype)
+    geometry = adm.conv_geometry("submanifold", 27, 16, 16, x.feats.element_size())
+    for pass_ in ("forward", "input_grad", "weight_grad"):
+        for tf32 in (False, True):
+            k = adm.dtype_key(dtype, tf32)
+            e = lattice.explain("subm_conv3d", x, w, pass_=pass_, allow_tf32=tf32)
+            chosen = adm.assert_explanation(e, "conv", pass_, k, geometry, tier)
+            assert chosen in ("cuda_gather_gemm_scatter", "implicit_gemm_sm80"), str(e)
+            assert "cuda" in str(e)
+    # both CUDA conv routes, where admitted, give the same values as the chosen one (f32 accumulation)
+    ref = ops.subm_conv3d(x, w).feats
+    for route in ("cuda_gather_gemm_scatter", "implicit_gemm_sm80"):
+        want = adm.verdict("conv", route, "forward", key, geometry, tier)
+        if want == adm.ADMITTED:
+            got = ops.subm_conv3d(x, w, route=route).feats
+            problems = adm.compare(got, ref, key)
+            assert not problems, f"{route}: {problems}"
+        else:
+            adm.assert_forced_call_raises(lambda: ops.subm_conv3d(x, w, route=route), "subm_conv3d", route, want)
+    xp = SparseTensor(c.to(DEV), x.feats)
+    for pass_ in ("forward", "input_grad"):
+        adm.assert_explanation(lattice.explain("max_pool3d", x, 2, pass_=pass_), "pool", pass_, key, "forward", tier)
+    adm.assert_explanation(lattice.explain("sparse_add", x, xp), "algebra", "align", "i32", "outer", tier)
+    adm.assert_explanation(lattice.explain("sparse_add", x, xp, pass_="combine"), "algebra", "forward", key, "aligned", tier)
+    adm.assert_explanation(lattice.explain("downsample_coords", x.coords), "coords", "downsample", "i32", "-", tier)
+    adm.assert_explanation(lattice.explain("sparse_quantize", torch.rand(10, 3, device=DEV)), "quantize", "forward",
+                           "f32", "-", tier)
+    p = torch.rand(10, 3, device=DEV)
+    adm.assert_explanation(lattice.explain("voxelize", p, torch.randn(10, 2, device=DEV, dtype=dtype), 0.1),
+                           "point_voxel", "forward", key, "voxelize", tier)
+    v = ops.voxelize(p, torch.randn(10, 2, device=DEV), 0.1)
+    adm.assert_explanation(lattice.explain("build_point_voxel_map", p, v), "point_voxel", "build_map", "f32",
+                           "build_point_voxel_map", tier)

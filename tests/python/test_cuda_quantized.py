@@ -1,11 +1,13 @@
 """Packed int4/int8 weights on CUDA (issue 7: the dequant-in-kernel route ``cuda_dequant_gemm``).
 
 The contract on the device: op(X, Q) on cuda ~= op(X, dequantize_weight(Q)) on the CPU, within
-f32 1e-5 / f16 2e-3 / bf16 1e-2 of ||ref|| (norm-relative), for every relation kind, both layouts,
+f32 1e-5 / f16 2e-3 / bf16 1e-2 norm-wise and element-wise (``cuda_admission.compare``, which names the
+worst row), for every relation kind, both layouts,
 bits 4 / 8, groups 32 / 64 / 128, for ``cuda_dequant_gemm`` (the default on cuda) and
 ``dequant_reference`` (device decode + the float CUDA conv route); repeated runs bitwise equal;
-``explain()`` names the route; mixed devices are a ValueError. Everything here needs a CUDA device
-and lattice's CUDA backend and is skipped with the reason otherwise (the CPU routes are covered by
+``explain()`` of every case equals the admission table (cuda_admission.py) for the device's tier;
+mixed devices are a ValueError. Everything here needs a CUDA device and lattice's CUDA backend and
+is skipped with "no GPU" otherwise, the only skip (the CPU routes are covered by
 test_quantized_ops.py).
 """
 from __future__ import annotations
@@ -13,31 +15,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+import cuda_admission as adm
 import lattice
 import lattice.nn as lnn
 from lattice import QuantizedWeight, dequantize_weight, quantize_weight
 
 
-def _cuda_reason():
-    if not torch.cuda.is_available():
-        return "needs CUDA: torch.cuda.is_available() is False (no GPU on this machine)"
-    caps = lattice.device_caps().get("cuda", {})
-    if not caps.get("built"):
-        return "needs CUDA: lattice was built without the CUDA backend"
-    if not caps.get("device_count"):
-        return f"needs CUDA: lattice sees no CUDA device ({caps.get('status')})"
-    return None
-
-
-REASON = _cuda_reason()
-if REASON is not None:
-    print(f"test_cuda_quantized.py: skipped: {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = adm.needs_gpu()  # the only skip: "no GPU" (no CUDA device, or lattice built without CUDA)
 DEV = torch.device("cuda", 0)
 
 ROUTES = ["cuda_dequant_gemm", "dequant_reference"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOL_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # relation kind -> (op, kernel size, kwargs, input: "fine" or "coarse", target: None / "fine" / "coarse")
 KINDS = {
     "submanifold": ("subm_conv3d", 3, {}, "fine", None),
@@ -92,13 +81,39 @@ def _call(kind: str, x, w, bias=None, route=None, fine=None, coarse=None):
     return getattr(lattice.ops, op)(x, w, bias, **kw)
 
 
-def _close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    """||y - ref|| <= tol * ||ref|| (y may live on the device)."""
-    y, ref = y.detach().cpu().double(), ref.detach().cpu().double()
-    assert y.shape == ref.shape
-    assert bool(torch.isfinite(y).all())
-    err, norm = float((y - ref).norm()), max(float(ref.norm()), 1e-6)
-    assert err <= TOL[dtype] * norm, (err, norm, dtype)
+def _close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
+    """y (may live on the device) against ref, norm-wise and element-wise at the dtype's tolerance."""
+    assert y.shape == ref.shape, (what, tuple(y.shape), tuple(ref.shape))
+    assert bool(torch.isfinite(y.detach().cpu()).all()), what
+    problems = adm.compare(y, ref, TOL_NAME[dtype])
+    assert not problems, f"{what}: " + "; ".join(problems)
+
+
+def _check_admission(kind: str, x, w, route=None, fine=None, coarse=None) -> str:
+    """explain() of a quantized call against the table (geometry: linear or the relation kind);
+    with ``route`` forced, the forced verdict. Returns the route that runs."""
+    key = adm.dtype_key(x.feats.dtype)
+    tier = adm.device_tier()
+    if kind == "linear":
+        explain = lambda **kw: lattice.explain("linear", x, w, **kw)  # noqa: E731
+        geometry = "linear"
+    else:
+        op, k, kw0, _, tgt = KINDS[kind]
+        kw0 = dict(kw0)
+        if w.layout == "kernel_major":
+            kw0["kernel_size"] = k
+        if tgt is not None:
+            kw0["coordinates"] = fine if tgt == "fine" else coarse
+        explain = lambda **kw: lattice.explain(op, x, w, **kw0, **kw)  # noqa: E731
+        geometry = "submanifold" if kind == "identity" else kind
+    chosen = adm.assert_explanation(explain(), "quantized", "forward", key, geometry, tier)
+    if route is None:
+        assert chosen is not None
+        return chosen
+    want = adm.verdict("quantized", route, "forward", key, geometry, tier)
+    adm.assert_forced_explanation(explain(route=route), route, want)
+    assert want == adm.ADMITTED, f"{route} is rejected for {kind} {key}: extend the test for rejections"
+    return route
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -118,11 +133,13 @@ def test_cuda_quantized_conv_matches_cpu_float_conv_on_dequantized_weight(kind, 
         x = x.replace_feats(x.feats.to(dtype))
         xd = x.to(DEV)
         ref = _call(kind, x, dequantize_weight(q).to(dtype), bias.to(dtype), fine=fine, coarse=coarse)
+        assert _check_admission(kind, xd, qd, fine=fine_d, coarse=coarse_d) == "cuda_dequant_gemm"
         for route in ROUTES:
+            _check_admission(kind, xd, qd, route, fine=fine_d, coarse=coarse_d)
             y = _call(kind, xd, qd, bias.to(dtype).to(DEV), route=route, fine=fine_d, coarse=coarse_d)
             assert y.feats.device == xd.feats.device and y.feats.dtype == dtype
             assert torch.equal(y.coords.cpu(), ref.coords) and y.stride == ref.stride
-            _close(y.feats, ref.feats, dtype)
+            _close(y.feats, ref.feats, dtype, f"{kind} {layout} int{bits} g{group} {dtype} {route}")
         # the default route on cuda is the dequant-in-kernel one; it is deterministic
         y1 = _call(kind, xd, qd, None, fine=fine_d, coarse=coarse_d).feats
         y2 = _call(kind, xd, qd, None, route="cuda_dequant_gemm", fine=fine_d, coarse=coarse_d).feats
@@ -164,9 +181,10 @@ def test_cuda_quantized_linear(dtype, bits):
         ref = torch.nn.functional.linear(x.feats.double(), dequantize_weight(q).to(dtype).double(),
                                          bias.to(dtype).double())
         for route in ROUTES:
+            _check_admission("linear", x.to(DEV), _to(q, DEV), route)
             y = lattice.ops.linear(x.to(DEV), _to(q, DEV), bias.to(dtype).to(DEV), route=route)
             assert y.feats.device.type == "cuda" and y.feats.dtype == dtype
-            _close(y.feats, ref, dtype)
+            _close(y.feats, ref, dtype, f"linear int{bits} g{group} {dtype} {route}")
         y1 = lattice.ops.linear(x.to(DEV), _to(q, DEV)).feats
         assert torch.equal(y1, lattice.ops.linear(x.to(DEV), _to(q, DEV)).feats)
 
@@ -184,9 +202,42 @@ def test_cuda_explain_names_the_route():
     assert lattice.explain("linear", xd, ql).chosen == "cuda_dequant_gemm"
     # CPU data never takes the CUDA route
     assert lattice.explain("subm_conv3d", fine, q).chosen == "fused_dequant_gemm"
-    # float64 on cuda: no quantized route (float64 runs on cpu)
-    with pytest.raises(lattice.UnsupportedError, match="float64"):
-        lattice.ops.subm_conv3d(xd.replace_feats(xd.feats.double()), qd)
+    # float64 on cuda: no quantized route (float64 runs on cpu): the table's rejections, and the call
+    # raises UnsupportedError; forcing either CUDA route raises the documented ValueError
+    x64 = xd.replace_feats(xd.feats.double())
+    tier = adm.device_tier()
+    assert adm.assert_explanation(lattice.explain("subm_conv3d", x64, qd), "quantized", "forward", "f64",
+                                  "submanifold", tier) is None
+    adm.assert_no_route_raises(lambda: lattice.ops.subm_conv3d(x64, qd), "subm_conv3d")
+    for route in ROUTES:
+        want = adm.verdict("quantized", route, "forward", "f64", "submanifold", tier)
+        adm.assert_forced_call_raises(lambda: lattice.ops.subm_conv3d(x64, qd, route=route), "subm_conv3d", route, want)
+
+
+@pytest.mark.parametrize("n", adm.PARTIAL_TILE_NS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_quantized_partial_row_tiles(n, dtype):
+    """Exactly 128k+1 / 128k+127 rows (1 and 63 past a multiple of the 64-row tile of
+    cuda_dequant_gemm): linear and a 3x3x3 submanifold conv, both routes, against the CPU float op
+    on the dequantized weight, element-wise (a wrong last tile fails even when the norm passes)."""
+    g = torch.Generator().manual_seed(n)
+    coords = _coords(4 * n, 9, seed=n, batches=2)[:n]
+    assert coords.shape[0] == n
+    x = lattice.SparseTensor(coords, torch.randn(n, C_IN, generator=g).to(dtype))
+    w_lin = torch.randn(C_OUT, C_IN, generator=g) / C_IN ** 0.5
+    w_conv = _weight("dense_5d", 3, C_IN, C_OUT, seed=n + 1)
+    for bits in (4, 8):
+        q_lin, q_conv = quantize_weight(w_lin, bits=bits), quantize_weight(w_conv, bits=bits)
+        ref_lin = torch.nn.functional.linear(x.feats.double(), dequantize_weight(q_lin).to(dtype).double())
+        ref_conv = lattice.ops.subm_conv3d(x, dequantize_weight(q_conv).to(dtype)).feats
+        xd = x.to(DEV)
+        for route in ROUTES:
+            _check_admission("linear", xd, _to(q_lin, DEV), route)
+            _close(lattice.ops.linear(xd, _to(q_lin, DEV), route=route).feats, ref_lin, dtype,
+                   f"linear N={n} int{bits} {dtype} {route}")
+            _check_admission("submanifold", xd, _to(q_conv, DEV), route)
+            _close(lattice.ops.subm_conv3d(xd, _to(q_conv, DEV), route=route).feats, ref_conv, dtype,
+                   f"subm_conv3d N={n} int{bits} {dtype} {route}")
 
 
 def test_cuda_mixed_devices_are_value_errors():
