@@ -120,8 +120,11 @@ void bind_coords(py::module_& m) {
       py::arg("op"), py::arg("coords"));
   m.def(
       "explain_coords_rows",
-      [](const std::string& op, std::int64_t n_rows) { return ops::explain_coords(op, n_rows); },
-      py::arg("op"), py::arg("n_rows"));
+      [](const std::string& op, std::int64_t n_rows, const std::string& d) {
+        const Device device = d == "cpu" ? Device::cpu() : Device::cuda(d.size() > 5 ? std::stoi(d.substr(5)) : 0);
+        return ops::explain_coords(op, n_rows, device);
+      },
+      py::arg("op"), py::arg("n_rows"), py::arg("device") = "cpu");
   // prune / crop: the kept rows (K) int64 of coords (N, 4); mask (N) uint8 (0/1) for prune.
   m.def(
       "prune_rows",

@@ -341,8 +341,8 @@ NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& p
   return {std::move(r.coords), std::move(r.index), std::move(r.counts)};
 }
 
-Explanation explain_coords(std::string_view op, std::int64_t n_rows) {
-  return explain(coords_problem(op, Device{}, n_rows), backend::device_caps(),
+Explanation explain_coords(std::string_view op, std::int64_t n_rows, Device device) {
+  return explain(coords_problem(op, device, n_rows), backend::device_caps(),
                  effective_policy({}, "coords"));
 }
 

@@ -75,7 +75,7 @@ NonzeroOutput nonzero_sites(const Array& site, Int3 origin, const RoutePolicy& p
 // "prune", "crop", "sparse_collate", "dense", "from_dense").
 Explanation explain_coords(std::string_view op, const Array& coords);
 // The same for `n_rows` CPU rows (sparse_collate: all samples; from_dense: the grid's cells).
-Explanation explain_coords(std::string_view op, std::int64_t n_rows);
+Explanation explain_coords(std::string_view op, std::int64_t n_rows, Device device = {});
 // The route decision of lookup_coords / contains_coords for `n_queries` query rows.
 Explanation explain_lookup(std::string_view op, const CoordinateSet& table, std::int64_t n_queries);
 

@@ -389,6 +389,16 @@ def _collate_rows(samples: Any) -> int:
                for i, s in enumerate(samples))
 
 
+def _samples_device(samples: Any) -> str:
+    """The device sparse_collate runs on: that of its first sample's coordinates (cpu when empty)."""
+    for s in samples:
+        c = s.coords if isinstance(s, SparseTensor) else (s[0] if isinstance(s, (tuple, list)) and s else None)
+        if isinstance(c, torch.Tensor):
+            return str(c.device)
+        break
+    return "cpu"
+
+
 def explain(op: str, *args: Any, **kwargs: Any) -> Any:
     """Route decision of a coordinate utility called with these arguments (without running it)."""
     kwargs.pop("pass_", None)
@@ -402,11 +412,12 @@ def explain(op: str, *args: Any, **kwargs: Any) -> Any:
         check_sparse(op, "input", args[0] if args else None)
         return core.explain_coords(op, to_core(args[0].coords))
     if op == "sparse_collate":
-        return core.explain_coords_rows(op, _collate_rows(args[0] if args else kwargs.get("samples")))
+        samples = args[0] if args else kwargs.get("samples")
+        return core.explain_coords_rows(op, _collate_rows(samples), _samples_device(samples))
     if op == "from_dense":
         g = as_tensor(args[0] if args else kwargs.get("grid"), "dense", op)
         cells = int(g.shape[0] * g.shape[2] * g.shape[3] * g.shape[4]) if g.dim() == 5 else 0
-        return core.explain_coords_rows(op, cells)
+        return core.explain_coords_rows(op, cells, str(g.device))
     widths = (3, 4) if op.startswith("morton") else (4,)
     name = "downsample_coords" if op == "sparse_from_coordinates" else op
     return core.explain_coords(name, to_core(coords_tensor(op, "coords", args[0], widths)))
