@@ -30,6 +30,7 @@ machine without a GPU the cuda ids skip with reason "no GPU", the only skip.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -284,7 +285,7 @@ def _dense_coords(seed: int, n: int = 150) -> np.ndarray:
 @pytest.mark.parametrize("case", LOCAL_CASES, ids=[c[0] for c in LOCAL_CASES])
 def test_local_pool_is_the_f32_sum_rounded_once_on_every_route(case, mode, name, device):
     _, args, kw = case
-    rng = np.random.default_rng(hash((case[0], mode, name)) & 0xFFFF)
+    rng = np.random.default_rng(zlib.crc32(f"{case[0]}-{mode}-{name}".encode()))
     coords = _dense_coords(11)
     ks = args[0]
     st = args[1] if len(args) > 1 else ks
@@ -505,7 +506,7 @@ def test_devoxelize_and_its_gradient_are_the_f32_sums_rounded_once_on_every_rout
     n_points = 700
     pts = (0.5 + rng.integers(0, 40, size=(n_points, 3)) / 8.0).astype(np.float32)
     idx, w = opv.point_voxel_map(pts, vox, 1.0, mode)
-    assert np.all(idx[:, 0] >= 0) and (mode == "nearest" or np.all(idx >= 0) or np.all((idx >= 0) | (w == 0)))
+    assert np.all(idx[:, 0] >= 0) and (mode == "nearest" or np.all(idx >= 0)), "a point lost a voxel"
     vfeats = int_feats(rng, (vox.shape[0], C), name, 1)
     fan_in = max_fan(idx[idx >= 0], vox.shape[0])
     dy = int_feats(rng, (n_points, C), name, fan_in)
@@ -609,18 +610,23 @@ def test_conv_output_and_gradients_are_the_f32_sums_rounded_once_on_every_route(
     fn = getattr(ops, op)
     routes = routes_for(device, lambda p: lattice.explain(op, x0, w0, pass_=p, **kw),
                         ("forward", "input_grad", "weight_grad"))
+    # route= forces every pass, so a backward route can only run under a forward it shares
     assert set(routes["input_grad"]) | set(routes["weight_grad"]) <= set(routes["forward"]), routes
     for r in routes["forward"]:
-        f = x0.feats.detach().clone().requires_grad_()
-        w = w0.detach().clone().requires_grad_()
+        need_dx, need_dw = r in routes["input_grad"], r in routes["weight_grad"]
+        f = x0.feats.detach().clone().requires_grad_(need_dx)
+        w = w0.detach().clone().requires_grad_(need_dw)
         y = fn(x0.replace_feats(f), w, route=r, **kw)
         what = f"{label} {name}, route {r}"
         np.testing.assert_array_equal(y.coords.cpu().numpy(), rel.out_coords, err_msg=what)
         check_exact(y.feats, y_exact, name, what + " output")
-        if r in routes["input_grad"] and r in routes["weight_grad"]:
-            dx, dw = torch.autograd.grad(y.feats, [f, w], to_t(dy, name, device))
-            check_exact(dx, dx_exact, name, what + " feature grad")
-            check_exact(dw.reshape(K, c_in * c_out), dw_exact.reshape(K, c_in * c_out), name, what + " weight grad")
+        wanted = [t for t, need in ((f, need_dx), (w, need_dw)) if need]
+        grads = list(torch.autograd.grad(y.feats, wanted, to_t(dy, name, device))) if wanted else []
+        if need_dx:
+            check_exact(grads.pop(0), dx_exact, name, what + " feature grad")
+        if need_dw:
+            check_exact(grads.pop(0).reshape(K, c_in * c_out), dw_exact.reshape(K, c_in * c_out), name,
+                        what + " weight grad")
     if device == "cpu":
         assert {"reference", "gather_gemm_scatter"} <= set(routes["forward"]), routes
         if K == 1:
