@@ -352,6 +352,12 @@ def assert_no_route_raises(call: Callable[[], Any], op: str) -> None:
 
 TOLERANCES = {"f64": 1e-12, "f32": 1e-5, "tf32": 5e-4, "f16": 2e-3, "bf16": 1e-2}  # SEMANTICS.md
 ELEMENT_ATOL_FACTOR = 8.0
+# tf32 rounds both GEMM operands to 10-bit mantissas (unit roundoff 2^-11 each): an element of a
+# weight gradient that sums L products carries an error of about sqrt(2 L) * 2^-11 * |term| against
+# an rms of about sqrt(L) * |term|, i.e. sigma ~ 1.4 * tol * rms, and the worst of ~1e5 elements sits
+# at 4-8 sigma. Measured on the H200 (2026-12-01, subm3 tile_plus1/minus1, C=40->70 and 32->72): worst
+# 11.3 * tol * rms. 24 is twice that; a wrong row (error ~ rms) is still ~80x over the bound.
+ELEMENT_ATOL_FACTORS = {"tf32": 24.0}
 
 
 def tolerance(tol_name: str) -> float:
@@ -396,7 +402,7 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, tol_name: str, rtol: Option
         problems.append(f"||a - b|| / ||b|| = {err:.3e} > {tol:g} ({tol_name})")
     a0, r0 = torch.where(fr, a, 0.0), torch.where(fr, r, 0.0)
     rms = float(r0[fr].square().mean().sqrt()) if fr.any() else 0.0
-    atol = ELEMENT_ATOL_FACTOR * tol * rms if rms > 0 else tol
+    atol = ELEMENT_ATOL_FACTORS.get(tol_name, ELEMENT_ATOL_FACTOR) * tol * rms if rms > 0 else tol
     diff = (a0 - r0).abs()
     allowed = atol + tol * r0.abs()
     ratio = diff / allowed

@@ -322,12 +322,17 @@ def test_cache_is_per_identity_not_per_dtype_or_feature_tensor(device):
     x32 = s.x
     s.x = x32.replace_feats(x32.feats * 1)
     check_call(s, "conv3d", dict(kernel_size=3, stride=2, padding=1), "replace_feats")
-    s.x = x32.to(torch.float64)
+    # another dtype (float64 on the CPU; CUDA convolutions take float16/bfloat16/float32, and float16
+    # holds these small-integer sums exactly: |sum| < 2048)
+    other = torch.float64 if device == "cpu" else torch.float16
+    s.x = x32.to(other)
     assert s.x.key == x32.key
-    y = lattice.ops.conv3d(s.x, torch.from_numpy(_weight(3)).to(device), kernel_size=3, stride=2, padding=1)
+    y = lattice.ops.conv3d(s.x, torch.from_numpy(_weight(3)).to(device=device, dtype=other), kernel_size=3,
+                           stride=2, padding=1)
     rel = oracle.forward_relation(s.coords, 3, 2, 1)
+    assert y.feats.dtype == other
     np.testing.assert_array_equal(
-        y.feats.cpu().numpy(), oracle.conv_forward(s.feats, _weight(3), rel.in_idx, rel.out_idx, rel.k_idx, rel.n_out))
+        y.feats.double().cpu().numpy(), oracle.conv_forward(s.feats, _weight(3), rel.in_idx, rel.out_idx, rel.k_idx, rel.n_out))
     assert s.count() == 1 and int(x32._cs.cached_relation_count) == 1
     fresh = lattice.SparseTensor(x32.coords.clone(), x32.feats, stride=X_STRIDE)
     assert fresh.key != x32.key and int(fresh._cs.cached_relation_count) == 0
