@@ -321,7 +321,7 @@ class Runner:
             if not ran or ran.group(1) == "0":
                 return "error", f"gtest filter '{filt}' matches no test", dt
             return "pass", "", dt
-        failed = re.findall(r"^\[  FAILED  \] (\S+)", out, re.M)
+        failed = [f.rstrip(",") for f in re.findall(r"^\[  FAILED  \] (\S+)", out, re.M)]
         if failed:
             return "fail", f"gtest {failed[0]}" + (f" (+{len(set(failed)) - 1})" if len(set(failed)) > 1 else ""), dt
         return "fail", f"gtest exited with {rc} (crash?)", dt
