@@ -20,7 +20,7 @@ MLX_PIN := mlx[cpu]==0.32.4
 
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
-.PHONY: all deps pydeps configure build demo test test-cpp test-python bench clean format
+.PHONY: all deps pydeps configure build demo test test-cpp test-python bench clean format mutants
 
 all: build
 
@@ -55,6 +55,16 @@ test: test-cpp test-python
 
 bench: build
 	$(PYTHON) -m lattice.bench $(ARGS)
+
+# Mutation testing (scripts/mutants.py, tests/mutants/README.md, docs/testing.md): applies each
+# mutant to the tree, rebuilds incrementally in its own CUDA-off build folder, runs the tests
+# mapped to it and reports killed / survived. ONLY=name[,name...] runs a subset; REPORT=file.md
+# writes the markdown table; ARGS passes more options (e.g. ARGS=--list).
+MUTANTS_BUILD ?= build-mutants
+
+mutants: deps
+	$(PYTHON) scripts/mutants.py --build $(MUTANTS_BUILD) --jobs $(JOBS) --python $(PYTHON) \
+	  $(if $(ONLY),--only '$(ONLY)') $(if $(REPORT),--report '$(REPORT)') $(ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')
