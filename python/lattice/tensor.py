@@ -251,8 +251,18 @@ class SparseTensor:
 
         return from_dense(grid, origin=origin, stride=stride)
 
+    def __reduce__(self) -> tuple:
+        """Pickling (DataLoader workers, torch.save): coordinates, features, stride and
+        batch_counts. The unpickled tensor is a new coordinate identity (its relations are rebuilt
+        on first use)."""
+        return (_rebuild_sparse_tensor, (self._coords, self._feats, self.stride, self.batch_counts))
+
     def __repr__(self) -> str:
         return (
             f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "
             f"dtype={self._feats.dtype}, device={self._feats.device}, key={self.key})"
         )
+
+
+def _rebuild_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, stride: Any, batch_counts: Any) -> SparseTensor:
+    return SparseTensor(coords, feats, stride, batch_counts)
