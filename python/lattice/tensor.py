@@ -32,6 +32,18 @@ def _int_list(value: Any, what: str, op: str) -> list[int]:
     return out
 
 
+def _order_hint(feats: Any) -> str:
+    """The argument-order hint for a float ``coords``: TorchSparse and MinkowskiEngine take
+    ``SparseTensor(feats, coords)``, lattice ``SparseTensor(coords, feats)``."""
+    f = feats if isinstance(feats, (torch.Tensor, np.ndarray)) else None
+    swapped = f is not None and f.ndim == 2 and f.shape[1] == 4 and (
+        not f.dtype.is_floating_point if isinstance(f, torch.Tensor) else f.dtype.kind in "iu")
+    return ("; the argument order is SparseTensor(coords, feats)"
+            + (" and feats is an (N, 4) integer array: the arguments look swapped (TorchSparse and MinkowskiEngine "
+               "write SparseTensor(feats, coords))" if swapped else
+               " (TorchSparse and MinkowskiEngine write SparseTensor(feats, coords))"))
+
+
 class SparseTensor:
     """A sparse voxel tensor: ``coords`` (N, 4) int32 rows ``(batch, x, y, z)`` and ``feats`` (N, C).
 
@@ -70,7 +82,8 @@ class SparseTensor:
         else:
             c = as_tensor(coords, "coords", op)
             if c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
-                raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}")
+                raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}"
+                                + _order_hint(feats))
             if c.dim() != 2 or c.shape[1] != 4:
                 raise ValueError(f"[{op}] coords: expected shape (N, 4) (batch, x, y, z), got {tuple(c.shape)}")
             if c.dtype != torch.int32:
