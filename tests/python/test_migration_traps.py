@@ -49,7 +49,7 @@ def test_cat_after_transposed_conv_without_coordinates_names_the_cause():
     y = up(down)
     assert len(y) != len(skip)
     with pytest.raises(ValueError, match=r"^\[cat\] tensors\[1\]: expected the coordinate identity of tensors\[0\] "
-                                        rf"\(key {y.key}, {len(y)} rows\), got key {skip.key} \({len(skip)} rows\); "
+                                        rf"\(key {y.key}\), got key {skip.key} \({len(y)} vs {len(skip)} rows\); "
                                         r"tensors\[0\] comes from conv_transpose3d \(nn.ConvTranspose3d\) called "
                                         rf"without coordinates=, which generated its own {len(y)} rows from "
                                         rf"{len(down)} inputs .*pass the skip tensor as coordinates="):
@@ -63,5 +63,5 @@ def test_cat_after_transposed_conv_without_coordinates_names_the_cause():
 def test_cat_of_unrelated_supports_has_no_transposed_hint():
     skip, down, _ = _unet_level()
     other = lattice.SparseTensor(skip.coords.clone(), skip.feats)
-    with pytest.raises(ValueError, match=r"got key \d+ \(\d+ rows\)$"):
+    with pytest.raises(ValueError, match=r"got key \d+ \(\d+ vs \d+ rows\)$"):
         lattice.ops.cat([skip, other])

@@ -42,8 +42,8 @@ def test_minkunet_shapes_levels_and_layer_counts(cls, stage_layers):
     assert [lv.stride[0] for lv in levels] == [1, 2, 4, 8, 16, 8, 4, 2, 1]
     assert [lv.feats.shape[1] for lv in levels] == [int(0.25 * c) for c in models.minkunet.CHANNELS]
     assert levels[-1].key == x.key
-    blocks = [sum(isinstance(b, models.ResidualBlock) for b in s) for s in m.stages]
-    blocks += [len(f) for f in m.fuses]
+    blocks = [sum(isinstance(b, models.ResidualBlock) for b in s) for s in m.encoders]
+    blocks += [len(d["fuse"]) for d in m.decoders]
     assert tuple(blocks) == m.blocks
     expected = {models.MinkUNet18: (2,) * 8, models.MinkUNet34: (2, 3, 4, 6, 2, 2, 2, 2),
                 models.MinkUNet42: (2,) * 8}[cls]

@@ -51,10 +51,11 @@ class MinkUNet(torch.nn.Module):
         blocks: residual blocks per stage, 4 encoder then 4 decoder stages.
         stem_kernels: the kernel sizes of the stem's submanifold convs.
 
-    Children: ``stem`` (Sequential of ConvBlock), ``stages`` (4 x Sequential: ConvBlock(k2 s2),
-    ResidualBlock...), ``ups`` (4 x ConvBlock(ConvTranspose3d k2 s2)), ``fuses`` (4 x Sequential of
-    ResidualBlock), ``classifier`` (lattice.nn.Linear). ``lattice.convert`` maps TorchSparse,
-    SPVNAS and MinkowskiEngine state_dicts onto these names.
+    Children (TorchSparse's ``SparseResUNet`` names): ``stem`` (Sequential of ConvBlock),
+    ``encoders`` (4 x Sequential: ConvBlock(k2 s2), ResidualBlock...), ``decoders`` (4 x ModuleDict:
+    ``upsample`` ConvBlock(ConvTranspose3d k2 s2), ``fuse`` Sequential of ResidualBlock), ``classifier``
+    (lattice.nn.Linear). Registration order = execution order = the source libraries' order, which
+    is what ``lattice.convert`` relies on.
     """
 
     def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0,
@@ -73,25 +74,24 @@ class MinkUNet(torch.nn.Module):
             stem.append(ConvBlock(lnn.SubmConv3d(c_prev, cs[0], k)))
             c_prev = cs[0]
         self.stem = torch.nn.Sequential(*stem)
-        self.stages = torch.nn.ModuleList()
+        self.encoders = torch.nn.ModuleList()
         for i in range(4):
             layers: list[torch.nn.Module] = [ConvBlock(lnn.Conv3d(cs[i], cs[i], 2, stride=2))]
             c_in = cs[i]
             for _ in range(blocks[i]):
                 layers.append(ResidualBlock(c_in, cs[i + 1]))
                 c_in = cs[i + 1]
-            self.stages.append(torch.nn.Sequential(*layers))
-        self.ups = torch.nn.ModuleList()
-        self.fuses = torch.nn.ModuleList()
+            self.encoders.append(torch.nn.Sequential(*layers))
+        self.decoders = torch.nn.ModuleList()
         for i in range(4):
             c_up, c_out, c_skip = cs[4 + i], cs[5 + i], cs[3 - i]
-            self.ups.append(ConvBlock(lnn.ConvTranspose3d(c_up, c_out, 2, stride=2)))
+            up = ConvBlock(lnn.ConvTranspose3d(c_up, c_out, 2, stride=2))
             fuse = []
             c_in = c_out + c_skip
             for _ in range(blocks[4 + i]):
                 fuse.append(ResidualBlock(c_in, c_out))
                 c_in = c_out
-            self.fuses.append(torch.nn.Sequential(*fuse))
+            self.decoders.append(torch.nn.ModuleDict({"upsample": up, "fuse": torch.nn.Sequential(*fuse)}))
         self.classifier = lnn.Linear(cs[8], num_classes)
 
     def forward(self, x: SparseTensor, return_features: bool = False):  # type: ignore[override]
@@ -101,12 +101,13 @@ class MinkUNet(torch.nn.Module):
             raise ValueError(f"[{type(self).__name__}] input: expected {self.in_channels} feature channels, "
                              f"got {x.feats.shape[1]}")
         levels = [self.stem(x)]
-        for stage in self.stages:
+        for stage in self.encoders:
             levels.append(stage(levels[-1]))
         y = levels[-1]
         for i in range(4):
             skip = levels[3 - i]
-            y = self.fuses[i](ops.cat([self.ups[i](y, skip), skip]))
+            dec = self.decoders[i]
+            y = dec["fuse"](ops.cat([dec["upsample"](y, skip), skip]))
             levels.append(y)
         out = self.classifier(y)
         return (out, levels) if return_features else out

@@ -85,8 +85,8 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
         if t.key != first.key:
             from .conv import GENERATED
 
-            msg = (f"[cat] tensors[{i}]: expected the coordinate identity of tensors[0] (key {first.key}, "
-                   f"{len(first)} rows), got key {t.key} ({len(t)} rows)")
+            msg = (f"[cat] tensors[{i}]: expected the coordinate identity of tensors[0] (key {first.key}), "
+                   f"got key {t.key} ({len(first)} vs {len(t)} rows)")
             for j, u in ((0, first), (i, t)):
                 if u.key in GENERATED:
                     n_in, n_out, op = GENERATED[u.key]
