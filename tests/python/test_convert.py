@@ -283,3 +283,21 @@ def test_converter_errors_name_the_layers():
         convert.from_torchsparse(sd, wrong)
     with pytest.raises(TypeError, match=r"\[from_minkowski\] model: expected the lattice target network"):
         convert.from_minkowski(sd, "MinkUNet18")
+
+
+def test_from_torchsparse_sparse_resnet21d():
+    """torchsparse.backbones.SparseResNet21D keys ("<stage>.0.0.kernel" SparseConvBlock, then
+    "<stage>.<b>.main.{0,1,3,4}" SparseResBlocks); the (1, 3, 1) stage has an odd volume (x fastest)."""
+    g = torch.Generator().manual_seed(0)
+    sd, convs = {}, []
+    c_in = 4
+    for i, (n, c, k, _s) in enumerate(((3, 16, 3, 1), (3, 32, 3, 2), (3, 64, 3, 2), (3, 128, 3, 2), (1, 128, (1, 3, 1), 2))):
+        k = (k, k, k) if isinstance(k, int) else k
+        c = c // 4
+        convs.append(_kernel(sd, f"{i}.0.0.kernel", k, c_in, c, g, ts_rows)); _bn(sd, f"{i}.0.1", c, g)
+        for b in range(1, n):
+            convs.append(_kernel(sd, f"{i}.{b}.main.0.kernel", k, c, c, g, ts_rows)); _bn(sd, f"{i}.{b}.main.1", c, g)
+            convs.append(_kernel(sd, f"{i}.{b}.main.3.kernel", k, c, c, g, ts_rows)); _bn(sd, f"{i}.{b}.main.4", c, g)
+        c_in = c
+    model = models.SparseResNet21D(width_multiplier=0.25)
+    _check_converted(model, sd, convs, convert.from_torchsparse(sd, model))
