@@ -263,8 +263,8 @@ def from_torchsparse(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Mod
 
 
 def from_minkowski(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module) -> "OrderedDict[str, torch.Tensor]":
-    """A MinkowskiEngine 0.5 state_dict -> a state_dict for the lattice ``model`` (``MinkUNet18`` /
-    ``MinkUNet34`` for the ME examples' MinkUNet18 / MinkUNet34C). ``*.bn.*`` BatchNorm keys,
+    """A MinkowskiEngine 0.5 state_dict -> a state_dict for the lattice ``model`` (``MinkUNet34`` for
+    the ME examples' MinkUNet34C, ``MinkUNet18(channels=...)`` for MinkUNet18A / B / D). ``*.bn.*`` BatchNorm keys,
     ``final`` 1x1 conv -> the ``classifier`` Linear (kernel transposed, bias (1, C) flattened)."""
     return _convert(state_dict, model, "minkowski", lambda t, k: weight_from_minkowski(t["kernel"], k))
 

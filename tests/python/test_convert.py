@@ -190,12 +190,12 @@ def spvnas_minkunet_state_dict(cr=0.25, in_ch=4, classes=5, seed=0):
     return sd, convs
 
 
-def me_minkunet18_state_dict(cr=0.25, in_ch=4, classes=5, seed=0):
+def me_minkunet18_state_dict(cr=0.25, in_ch=4, classes=5, seed=0, planes=(32, 32, 64, 128, 256, 256, 128, 96, 96)):
     """The key layout of MinkowskiEngine's examples/minkunet.py MinkUNet18 (conv0p1s1 k5, bn0,
     conv{i}p..s2 / bn{i} / block{i}, convtr{j}p..s2 / bntr{j} / block{j+1}, final 1x1 with bias;
     BasicBlock conv1/norm1/conv2/norm2/downsample; MinkowskiBatchNorm keys under .bn)."""
     g = torch.Generator().manual_seed(seed)
-    cs = [int(cr * c) for c in (32, 32, 64, 128, 256, 256, 128, 96, 96)]
+    cs = [int(cr * c) for c in planes]
     sd, convs = {}, []
     convs.append(_kernel(sd, "conv0p1s1.kernel", (5, 5, 5), in_ch, cs[0], g, me_rows)); _bn(sd, "bn0", cs[0], g, False)
 
@@ -253,6 +253,14 @@ def test_from_minkowski_minkunet18():
     assert torch.equal(model.classifier.weight.detach(), sd["final.kernel"].t())
     assert torch.equal(model.classifier.bias.detach(), sd["final.bias"].flatten())
     assert torch.equal(model.stem[0].bn.bn.weight.detach(), sd["bn0.bn.weight"])
+
+
+def test_from_minkowski_minkunet18a_channels():
+    """ME's MinkUNet18A (decoder planes 128, 128, 96, 96) through MinkUNet18(channels=...)."""
+    planes = (32, 32, 64, 128, 256, 128, 128, 96, 96)
+    sd, convs = me_minkunet18_state_dict(planes=planes)
+    model = models.MinkUNet18(num_classes=5, cr=0.25, channels=planes)
+    _check_converted(model, sd, convs, convert.from_minkowski(sd, model))
 
 
 def test_from_spconv_voxel_backbone8x():

@@ -14,11 +14,16 @@ MinkowskiEngine ``MinkUNet18`` except for the stem), channels ``(32 | 32, 64, 12
 ================  ==================  ===============================  ======================
 network           stem                residual blocks per stage        same layout as
 ================  ==================  ===============================  ======================
-MinkUNet18        one k5              2, 2, 2, 2 | 2, 2, 2, 2          ME examples MinkUNet18
+MinkUNet18        one k5              2, 2, 2, 2 | 2, 2, 2, 2          ME examples MinkUNet18 (*)
 MinkUNet34        one k5              2, 3, 4, 6 | 2, 2, 2, 2          ME examples MinkUNet34C
 MinkUNet42        two k3              2, 2, 2, 2 | 2, 2, 2, 2          SPVNAS MinkUNet,
                                                                        TorchSparse SparseResUNet42
 ================  ==================  ===============================  ======================
+
+(*) ME's plain MinkUNet18 defines no channel table; its 18A / 18B / 18D variants change the decoder
+channels: ``MinkUNet18(channels=(32, 32, 64, 128, 256, 128, 128, 96, 96))`` is MinkUNet18A,
+``(..., 128, 128, 128, 128)`` 18B, ``(..., 384, 384, 384, 384)`` 18D (the first five stay
+32, 32, 64, 128, 256). The default is 34C's / SPVNAS's table.
 
 Input convention: a :class:`lattice.SparseTensor` with coords ``(batch, x, y, z)`` int32 at
 stride 1 (voxel indices, e.g. ``floor(xyz / 0.05)``) and ``in_channels`` features per voxel
@@ -50,6 +55,7 @@ class MinkUNet(torch.nn.Module):
         cr: width multiplier; every channel count is ``int(cr * c)``.
         blocks: residual blocks per stage, 4 encoder then 4 decoder stages.
         stem_kernels: the kernel sizes of the stem's submanifold convs.
+        channels: 9 channel counts (stem, 4 encoder stages, 4 decoder stages) before ``cr``.
 
     Children (TorchSparse's ``SparseResUNet`` names): ``stem`` (Sequential of ConvBlock),
     ``encoders`` (4 x Sequential: ConvBlock(k2 s2), ResidualBlock...), ``decoders`` (4 x ModuleDict:
@@ -59,13 +65,16 @@ class MinkUNet(torch.nn.Module):
     """
 
     def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0,
-                 blocks: Sequence[int] = (2,) * 8, stem_kernels: Sequence[int] = (3, 3)) -> None:
+                 blocks: Sequence[int] = (2,) * 8, stem_kernels: Sequence[int] = (3, 3),
+                 channels: Sequence[int] = CHANNELS) -> None:
         super().__init__()
         if len(blocks) != 8 or min(blocks) < 1:
             raise ValueError(f"[MinkUNet] blocks: expected 8 positive counts (4 encoder, 4 decoder), got {tuple(blocks)}")
         if not cr > 0:
             raise ValueError(f"[MinkUNet] cr: expected a positive width multiplier, got {cr}")
-        cs = [max(1, int(cr * c)) for c in CHANNELS]
+        if len(channels) != 9 or min(channels) < 1:
+            raise ValueError(f"[MinkUNet] channels: expected 9 positive counts (stem, 4 encoder, 4 decoder), got {tuple(channels)}")
+        cs = [max(1, int(cr * c)) for c in channels]
         self.in_channels, self.num_classes, self.cr = int(in_channels), int(num_classes), float(cr)
         self.blocks, self.stem_kernels, self.channels = tuple(blocks), tuple(stem_kernels), tuple(cs)
         stem = []
@@ -117,21 +126,25 @@ class MinkUNet42(MinkUNet):
     """SPVNAS's SemanticKITTI MinkUNet (= TorchSparse ``SparseResUNet42`` + a linear classifier):
     two k3 stem convs, two residual blocks per stage. See :class:`MinkUNet` for the arguments."""
 
-    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0) -> None:
-        super().__init__(in_channels, num_classes, cr=cr, blocks=(2,) * 8, stem_kernels=(3, 3))
+    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0,
+                 channels: Sequence[int] = CHANNELS) -> None:
+        super().__init__(in_channels, num_classes, cr=cr, blocks=(2,) * 8, stem_kernels=(3, 3), channels=channels)
 
 
 class MinkUNet18(MinkUNet):
-    """MinkowskiEngine's MinkUNet18 layout: one k5 stem conv, two residual blocks per stage.
-    See :class:`MinkUNet` for the arguments."""
+    """MinkowskiEngine's MinkUNet18 layout: one k5 stem conv, two residual blocks per stage
+    (``channels=`` for ME's 18A / 18B / 18D, see the module docstring). See :class:`MinkUNet`."""
 
-    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0) -> None:
-        super().__init__(in_channels, num_classes, cr=cr, blocks=(2,) * 8, stem_kernels=(5,))
+    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0,
+                 channels: Sequence[int] = CHANNELS) -> None:
+        super().__init__(in_channels, num_classes, cr=cr, blocks=(2,) * 8, stem_kernels=(5,), channels=channels)
 
 
 class MinkUNet34(MinkUNet):
     """MinkowskiEngine's MinkUNet34(C) layout: one k5 stem conv, encoder blocks 2, 3, 4, 6,
     decoder blocks 2, 2, 2, 2. See :class:`MinkUNet` for the arguments."""
 
-    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0) -> None:
-        super().__init__(in_channels, num_classes, cr=cr, blocks=(2, 3, 4, 6, 2, 2, 2, 2), stem_kernels=(5,))
+    def __init__(self, in_channels: int = 4, num_classes: int = 19, *, cr: float = 1.0,
+                 channels: Sequence[int] = CHANNELS) -> None:
+        super().__init__(in_channels, num_classes, cr=cr, blocks=(2, 3, 4, 6, 2, 2, 2, 2), stem_kernels=(5,),
+                         channels=channels)
