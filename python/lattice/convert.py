@@ -195,13 +195,14 @@ def _target_layers(model: torch.nn.Module) -> list[tuple[str, str, torch.nn.Modu
 
 
 def _convert(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, library: str,
-             conv_weight: Any) -> "OrderedDict[str, torch.Tensor]":
+             conv_weight: Any, ignore: Sequence[str] = ()) -> "OrderedDict[str, torch.Tensor]":
     op = f"from_{library}"
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"[{op}] model: expected the lattice target network (a torch.nn.Module, e.g. "
                         f"lattice.models.MinkUNet42()), got {type(model).__name__}")
     if "state_dict" in state_dict and isinstance(state_dict["state_dict"], Mapping):
         state_dict = state_dict["state_dict"]  # a checkpoint dict
+    state_dict = OrderedDict((k, v) for k, v in state_dict.items() if not any(k.startswith(p) for p in ignore))
     src = _source_layers(state_dict, library)
     dst = _target_layers(model)
     if len(src) != len(dst):
@@ -254,12 +255,15 @@ def _convert(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, lib
     return out
 
 
-def from_torchsparse(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module) -> "OrderedDict[str, torch.Tensor]":
+def from_torchsparse(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, *,
+                     ignore: Sequence[str] = ("point_transforms.",)) -> "OrderedDict[str, torch.Tensor]":
     """A TorchSparse 2.x (or SPVNAS) state_dict -> a state_dict for the lattice ``model``
     (``MinkUNet42`` for SPVNAS ``MinkUNet`` / ``SparseResUNet42`` + classifier, ``SparseResNet21D``).
     A TorchSparse ``SparseResUNet42`` has no classifier: load with ``strict=False`` or add the
-    classifier's entries. Kernel rows are permuted by :func:`weight_from_torchsparse`."""
-    return _convert(state_dict, model, "torchsparse", lambda t, k: weight_from_torchsparse(t["kernel"], k))
+    classifier's entries. Kernel rows are permuted by :func:`weight_from_torchsparse`. Keys starting
+    with a prefix in ``ignore`` are skipped (default: SPVNAS MinkUNet's ``point_transforms``, a
+    point branch its MinkUNet registers but never runs)."""
+    return _convert(state_dict, model, "torchsparse", lambda t, k: weight_from_torchsparse(t["kernel"], k), ignore)
 
 
 def from_minkowski(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module) -> "OrderedDict[str, torch.Tensor]":

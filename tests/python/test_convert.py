@@ -161,7 +161,8 @@ def _kernel(sd, key, k, ci, co, g, rows):
 def spvnas_minkunet_state_dict(cr=0.25, in_ch=4, classes=5, seed=0):
     """The key layout of SPVNAS's core/models/semantic_kitti/minkunet.py (stem Sequential of
     conv/bn/relu, stage{i} = [BasicConvolutionBlock.net, ResidualBlock.net/downsample x 2],
-    up{i} = [BasicDeconvolutionBlock.net, Sequential(ResidualBlock x 2)], classifier.0)."""
+    up{i} = [BasicDeconvolutionBlock.net, Sequential(ResidualBlock x 2)], classifier.0, and the
+    unused point_transforms Linear + BatchNorm1d branch after it)."""
     g = torch.Generator().manual_seed(seed)
     cs = [int(cr * c) for c in (32, 32, 64, 128, 256, 256, 128, 96, 96)]
     sd, convs = {}, []
@@ -187,6 +188,10 @@ def spvnas_minkunet_state_dict(cr=0.25, in_ch=4, classes=5, seed=0):
         res(f"up{i + 1}.1.1", cs[5 + i], cs[5 + i])
     sd["classifier.0.weight"] = torch.randn(classes, cs[8], generator=g)
     sd["classifier.0.bias"] = torch.randn(classes, generator=g)
+    for j, (ci, co) in enumerate(((cs[0], cs[4]), (cs[4], cs[6]), (cs[6], cs[8]))):  # registered, never run
+        sd[f"point_transforms.{j}.0.weight"] = torch.randn(co, ci, generator=g)
+        sd[f"point_transforms.{j}.0.bias"] = torch.randn(co, generator=g)
+        _bn(sd, f"point_transforms.{j}.1", co, g)
     return sd, convs
 
 
