@@ -17,3 +17,5 @@ __all__ = ["SparseTensor", "ops", "nn", "explain", "backend_info", "device_caps"
 __all__ += ["io"]
 from .quantize import QuantizedWeight, dequantize_weight, quantize_weight  # packed int4/int8 weights (issue 7)
 __all__ += ["QuantizedWeight", "quantize_weight", "dequantize_weight"]
+from . import convert, data, models  # backbones, data pipeline, checkpoint import (issue 13)
+__all__ += ["models", "data", "convert"]

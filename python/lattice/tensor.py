@@ -32,6 +32,18 @@ def _int_list(value: Any, what: str, op: str) -> list[int]:
     return out
 
 
+def _order_hint(feats: Any) -> str:
+    """The argument-order hint for a float ``coords``: TorchSparse and MinkowskiEngine take
+    ``SparseTensor(feats, coords)``, lattice ``SparseTensor(coords, feats)``."""
+    f = feats if isinstance(feats, (torch.Tensor, np.ndarray)) else None
+    swapped = f is not None and f.ndim == 2 and f.shape[1] == 4 and (
+        not f.dtype.is_floating_point if isinstance(f, torch.Tensor) else f.dtype.kind in "iu")
+    return ("; the argument order is SparseTensor(coords, feats)"
+            + (" and feats is an (N, 4) integer array: the arguments look swapped (TorchSparse and MinkowskiEngine "
+               "write SparseTensor(feats, coords))" if swapped else
+               " (TorchSparse and MinkowskiEngine write SparseTensor(feats, coords))"))
+
+
 class SparseTensor:
     """A sparse voxel tensor: ``coords`` (N, 4) int32 rows ``(batch, x, y, z)`` and ``feats`` (N, C).
 
@@ -70,7 +82,8 @@ class SparseTensor:
         else:
             c = as_tensor(coords, "coords", op)
             if c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
-                raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}")
+                raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}"
+                                + _order_hint(feats))
             if c.dim() != 2 or c.shape[1] != 4:
                 raise ValueError(f"[{op}] coords: expected shape (N, 4) (batch, x, y, z), got {tuple(c.shape)}")
             if c.dtype != torch.int32:
@@ -251,8 +264,18 @@ class SparseTensor:
 
         return from_dense(grid, origin=origin, stride=stride)
 
+    def __reduce__(self) -> tuple:
+        """Pickling (DataLoader workers, torch.save): coordinates, features, stride and
+        batch_counts. The unpickled tensor is a new coordinate identity (its relations are rebuilt
+        on first use)."""
+        return (_rebuild_sparse_tensor, (self._coords, self._feats, self.stride, self.batch_counts))
+
     def __repr__(self) -> str:
         return (
             f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "
             f"dtype={self._feats.dtype}, device={self._feats.device}, key={self.key})"
         )
+
+
+def _rebuild_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, stride: Any, batch_counts: Any) -> SparseTensor:
+    return SparseTensor(coords, feats, stride, batch_counts)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import lattice
+from lattice import models
 from lattice import nn as lnn
 from lattice import ops
 from lattice._core import core, from_core, to_core
@@ -519,80 +520,8 @@ def algebra_case(tag: str, workload: str, channels: int) -> Case:
 # -- networks: MinkUNet42 (BENCHMARKS.md "End-to-end network") ---------------------------------------
 
 
-class ConvBnRelu(torch.nn.Module):
-    """conv -> BatchNorm -> ReLU; ``conv`` is any lattice.nn conv module."""
-
-    def __init__(self, conv: torch.nn.Module) -> None:
-        super().__init__()
-        self.conv = conv
-        self.bn = lnn.BatchNorm(conv.out_channels)
-        self.relu = lnn.ReLU()
-
-    def forward(self, x: SparseTensor, *target: SparseTensor) -> SparseTensor:
-        return self.relu(self.bn(self.conv(x, *target)))
-
-
-class ResidualBlock(torch.nn.Module):
-    """relu(bn(subm3(relu(bn(subm3(x))))) + shortcut(x)); shortcut = 1x1 conv + BN when C changes."""
-
-    def __init__(self, c_in: int, c_out: int) -> None:
-        super().__init__()
-        self.conv1 = lnn.SubmConv3d(c_in, c_out, 3)
-        self.bn1 = lnn.BatchNorm(c_out)
-        self.conv2 = lnn.SubmConv3d(c_out, c_out, 3)
-        self.bn2 = lnn.BatchNorm(c_out)
-        self.relu = lnn.ReLU()
-        self.proj = None if c_in == c_out else torch.nn.Sequential(lnn.SubmConv3d(c_in, c_out, 1), lnn.BatchNorm(c_out))
-
-    def forward(self, x: SparseTensor) -> SparseTensor:
-        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
-        skip = x if self.proj is None else self.proj(x)
-        return self.relu(y.replace_feats(y.feats + skip.feats))
-
-
-class MinkUNet42(torch.nn.Module):
-    """The SemanticKITTI MinkUNet (TorchSparse's SparseResUNet42) built from lattice.nn.
-
-    Stem: two subm k3 (C_in -> 32 -> 32). Encoder: four stages of k2 s2 conv + two residual blocks,
-    channels 32, 64, 128, 256. Decoder: four stages of k2 s2 transposed conv onto the skip's rows,
-    concatenation with the skip, two residual blocks, channels 256, 128, 96, 96. Head: 1x1 -> classes.
-    BatchNorm + ReLU after every conv.
-    """
-
-    CHANNELS = (32, 32, 64, 128, 256, 256, 128, 96, 96)
-
-    def __init__(self, in_channels: int = 4, num_classes: int = 19) -> None:
-        super().__init__()
-        cs = self.CHANNELS
-        self.stem = torch.nn.Sequential(
-            ConvBnRelu(lnn.SubmConv3d(in_channels, cs[0], 3)), ConvBnRelu(lnn.SubmConv3d(cs[0], cs[0], 3)))
-        self.down = torch.nn.ModuleList()
-        for i in range(4):
-            c_prev = cs[i]
-            self.down.append(torch.nn.Sequential(
-                ConvBnRelu(lnn.Conv3d(c_prev, c_prev, 2, stride=2)),
-                ResidualBlock(c_prev, cs[i + 1]),
-                ResidualBlock(cs[i + 1], cs[i + 1]),
-            ))
-        self.up = torch.nn.ModuleList()
-        self.up_blocks = torch.nn.ModuleList()
-        for i in range(4):
-            c_prev, c_out, c_skip = cs[4 + i], cs[5 + i], cs[3 - i]
-            self.up.append(ConvBnRelu(lnn.ConvTranspose3d(c_prev, c_out, 2, stride=2)))
-            self.up_blocks.append(
-                torch.nn.Sequential(ResidualBlock(c_out + c_skip, c_out), ResidualBlock(c_out, c_out)))
-        self.head = lnn.Linear(cs[8], num_classes)
-
-    def forward(self, x: SparseTensor) -> SparseTensor:
-        skips = [self.stem(x)]
-        for stage in self.down:
-            skips.append(stage(skips[-1]))
-        y = skips[-1]
-        for i in range(4):
-            skip = skips[3 - i]
-            y = self.up[i](y, skip)
-            y = self.up_blocks[i](ops.cat([y, skip]))
-        return self.head(y)
+# The network lives in lattice.models (re-exported here for callers of lattice.bench.cases).
+MinkUNet42 = models.MinkUNet42
 
 
 _MODULE_OPS = {
@@ -797,7 +726,7 @@ def quantized_network_case(workload: str) -> Case:
         with torch.no_grad():
             ref = model(SparseTensor(coords, feats)).feats
             for fmt, (m, f) in models.items():
-                stem_w = m.stem[1].conv.weight
+                stem_w = m.stem[1].conv.weight  # the second stem conv (32 -> 32)
                 stem_w = stem_w.detach() if isinstance(stem_w, torch.Tensor) else stem_w
                 formats[fmt] = {"weight_bytes": lnn.weight_bytes(m), "weight_bytes_report": lnn.weight_bytes_report(m),
                                 "max_rel_err": None,

@@ -53,7 +53,16 @@ class Conv3d(_ConvBase):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOr3, stride: IntOr3 = 1,
                  padding: IntOr3 = 0, dilation: IntOr3 = 1, bias: bool = False, expand: bool = False,
-                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None, *,
+                 transposed: bool = False, generative: bool = False) -> None:
+        if transposed or generative:  # TorchSparse spells these as flags of its Conv3d
+            name = "GenerativeConvTranspose3d" if generative else "ConvTranspose3d"
+            raise TypeError(
+                f"[Conv3d] {'generative' if generative else 'transposed'}: expected False (TorchSparse's "
+                f"Conv3d(..., {'generative' if generative else 'transposed'}=True) is a separate module here), got True: "
+                f"use lattice.nn.{name}(in_channels, out_channels, kernel_size, stride)"
+                + ("" if generative else ", and call it as up(x, coordinates=skip) to land on the skip's rows "
+                   "(TorchSparse reuses the encoder's coordinates implicitly)"))
         super().__init__("Conv3d", in_channels, out_channels, kernel_size, bias, dtype, device)
         self.stride = _at_least(stride, "stride", "Conv3d", 1)
         self.padding = _at_least(padding, "padding", "Conv3d", 0)

@@ -7,6 +7,8 @@ Every function is differentiable in features, weight and bias.
 """
 from __future__ import annotations
 
+import collections
+
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -215,7 +217,22 @@ def conv_transpose3d(
     p = plan("conv_transpose3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,
              dilation=dilation, coordinates=coordinates, route=route, deterministic=deterministic,
              allow_tf32=allow_tf32)
-    return _run(p, input, weight, bias, "conv_transpose3d", route)
+    out = _run(p, input, weight, bias, "conv_transpose3d", route)
+    if coordinates is None:
+        note_generated(out.key, len(input), len(out), "conv_transpose3d")
+    return out
+
+
+# Coordinate identities whose rows a transposed conv generated (no coordinates=): lets ops.cat name
+# that cause when a U-Net skip concatenation then fails (a migration trap: TorchSparse and
+# MinkowskiEngine land transposed convs on the encoder's coordinates implicitly). Bounded.
+GENERATED: "collections.OrderedDict[int, tuple[int, int, str]]" = collections.OrderedDict()
+
+
+def note_generated(key: int, n_in: int, n_out: int, op: str) -> None:
+    GENERATED[key] = (n_in, n_out, op)
+    while len(GENERATED) > 4096:
+        GENERATED.popitem(last=False)
 
 
 def generative_conv_transpose3d(

@@ -83,10 +83,19 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
     first = tensors[0]
     for i, t in enumerate(tensors[1:], start=1):
         if t.key != first.key:
-            raise ValueError(
-                f"[cat] tensors[{i}]: expected the coordinate identity of tensors[0] (key {first.key}), "
-                f"got key {t.key}"
-            )
+            from .conv import GENERATED
+
+            msg = (f"[cat] tensors[{i}]: expected the coordinate identity of tensors[0] (key {first.key}), "
+                   f"got key {t.key} ({len(first)} vs {len(t)} rows)")
+            for j, u in ((0, first), (i, t)):
+                if u.key in GENERATED:
+                    n_in, n_out, op = GENERATED[u.key]
+                    msg += (f"; tensors[{j}] comes from {op} (nn.ConvTranspose3d) called without coordinates=, "
+                            f"which generated its own {n_out} rows from {n_in} inputs instead of landing on the "
+                            f"skip's rows: pass the skip tensor as coordinates= (TorchSparse and "
+                            f"MinkowskiEngine reuse the encoder's coordinates implicitly)")
+                    break
+            raise ValueError(msg)
     return first.replace_feats(torch.cat([t.feats for t in tensors], dim=1))
 
 
