@@ -59,7 +59,7 @@ FORMAT = "lattice.graph"
 VERSION = 1
 
 __all__ = ["export", "load_exported", "ExportError", "ExportedModel", "read_safetensors", "write_safetensors",
-           "point_features", "voxelize_points", "FORMAT", "VERSION"]
+           "point_features", "voxelize_points", "demo_voxelize_spec", "FORMAT", "VERSION"]
 
 
 class ExportError(ValueError):
@@ -173,13 +173,17 @@ class _Tracer(TorchFunctionMode):
         self.coord_keys: dict[int, str] = {}  # python coordinate key -> coordinate set name
         self.coord_strides: dict[str, list[int]] = {}
         self.nodes: list[_Node] = []
-        self.stack: list[str] = []
+        self.stack: list[tuple[str, str]] = []  # (module path, type name)
         self.leaf = 0
         self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def place(self) -> str:
-        return self.stack[-1] if self.stack and self.stack[-1] else "model"
+        """The innermost module being run: ``path (Type)``, ``model (Type)`` for the root."""
+        if not self.stack:
+            return "model"
+        path, kind = self.stack[-1]
+        return f"{path or 'model'} ({kind})" if kind else (path or "model")
 
     def fail(self, what: str) -> None:
         raise ExportError(f"[export] {self.place()}: {what}")
@@ -221,7 +225,7 @@ class _Tracer(TorchFunctionMode):
         conv = isinstance(module, _CONV_MODULES)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            self.stack.append(path)
+            self.stack.append((path, type(module).__name__))
             try:
                 if conv and self.leaf == 0:
                     return self.conv(module, path, original, args, kwargs)
@@ -388,7 +392,7 @@ class _Tracer(TorchFunctionMode):
                 self.fail(f"{name} {k}: expected a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         if id(out) in self.values:  # an in-place op on a traced tensor: a new value
             self.values.pop(id(out))
-        node_name = f"{self.place()}:{op}" if self.stack and self.stack[-1] else op
+        node_name = f"{self.stack[-1][0]}:{op}" if self.stack and self.stack[-1][0] else op
         self.nodes.append(_Node(node_name, op, inputs, self.new_value(out, coords.pop()), attrs, params))
 
 
@@ -472,7 +476,7 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     if not outs:
         raise ExportError(f"[export] model: expected forward to return SparseTensors (or tuples/lists/dicts of them), "
                           f"got {type(result).__name__}")
-    tracer.stack = ["output"]
+    tracer.stack = [("output", "")]
     out_values = [tracer.value_of_sparse(o, f"output {i}") for i, o in enumerate(outs)]
     nodes = _fold_batch_norm(tracer.nodes, set(out_values)) if fold_batch_norm else tracer.nodes
     for n in nodes:  # unfolded batch norm -> scale_shift when folding is off
@@ -663,3 +667,15 @@ def voxelize_points(points: torch.Tensor, spec: dict[str, Any]) -> tuple[SparseT
     if not torch.equal(coords, x.coords):
         raise AssertionError("[voxelize_points] voxelize and sparse_quantize disagree on the voxel rows")
     return x, inverse
+
+
+def demo_voxelize_spec(voxel_size: float = 0.1) -> dict[str, Any]:
+    """metadata["voxelize"] reproducing ``python -m lattice.demo``'s input features
+    (``lattice._demo_data.voxelize_scan``: offset in the voxel, height above the ground plane /
+    HEIGHT_SCALE_M, reflectance; mean per voxel)."""
+    from ._demo_data import HEIGHT_SCALE_M, SENSOR_HEIGHT_M
+
+    return {"voxel_size": float(voxel_size), "origin": 0.0, "reduction": "mean",
+            "features": [{"source": "offset_x"}, {"source": "offset_y"}, {"source": "offset_z"},
+                         {"source": "z", "add": SENSOR_HEIGHT_M, "divide": HEIGHT_SCALE_M},
+                         {"source": "intensity"}]}
