@@ -280,7 +280,7 @@ def train(args: argparse.Namespace) -> None:
         folder.set_epoch(epoch)
         sampler.set_epoch(epoch, skip * args.batch_size)
         t0, totals = time.perf_counter(), torch.zeros(4, dtype=torch.float64)
-        batch_in_epoch = skip
+        batch_in_epoch, resumed_at = skip, skip
         for batch in loader:
             x = batch["input"].to(device)  # DDP does not move a SparseTensor: move it here
             labels = batch["labels"].to(device)
@@ -291,7 +291,7 @@ def train(args: argparse.Namespace) -> None:
             stats = torch.stack([ce.detach().double(), valid.sum().double(), correct.double(),
                                  torch.tensor(float(len(x)), dtype=torch.float64, device=device)])
             dist.all_reduce(stats)  # global sum of losses, labelled voxels, correct voxels, voxels
-            loss = ce * world / stats[1].clamp(min=1.0)  # DDP averages: the global batch's mean loss
+            loss = ce * world / stats[1].clamp(min=1.0).to(ce.dtype)  # DDP averages: the global batch mean loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -313,8 +313,8 @@ def train(args: argparse.Namespace) -> None:
         if rank == 0:
             dt = time.perf_counter() - t0
             print(f"epoch {epoch}/{args.epochs}  step {global_step}  loss {float(totals[0] / totals[1].clamp(min=1)):.4f}  "
-                  f"acc {float(totals[2] / totals[1].clamp(min=1)):.3f}  {float(totals[3]) / dt:.0f} voxels/s  {dt:.1f}s",
-                  flush=True)
+                  f"acc {float(totals[2] / totals[1].clamp(min=1)):.3f}  {float(totals[3]) / dt:.0f} voxels/s  {dt:.1f}s"
+                  + (f"  (resumed at batch {resumed_at + 1})" if resumed_at else ""), flush=True)
         if rank == 0 and args.log_json:
             tmp = args.log_json + ".tmp"
             with open(tmp, "w") as f:
@@ -331,11 +331,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     try:
         train(args)
-    except Exception as e:  # one failing rank must not leave the others waiting in a collective
+    except Exception as e:
+        # the process exits with the error; the other ranks then fail in their next collective
+        # (gloo: "Connection closed by peer", otherwise --timeout-s) and torchrun stops the job
         print(f"[train_ddp] rank {os.environ.get('RANK', '0')}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if dist.is_available() and dist.is_initialized():
-            raise
-        return 1
+        raise
     return 0
 
 

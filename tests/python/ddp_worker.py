@@ -1,6 +1,6 @@
 """One rank of the two-process DistributedDataParallel runs of tests/python/test_distributed.py.
 
-Run as ``python3 ddp_worker.py SCENARIO RANK WORLD INIT_FILE OUT_DIR`` (the test starts one per rank
+Run as ``python3 ddp_worker.py SCENARIO[,SCENARIO] RANK WORLD INIT_FILE OUT_DIR`` (the test starts one per rank
 with subprocess and hard timeouts); it joins a gloo process group through ``file://INIT_FILE`` and
 writes its results under OUT_DIR (``<scenario>_rank<r>.pt`` / ``.json``). The data and model
 helpers are imported by the test too, so the single-process references use exactly the same
@@ -17,6 +17,9 @@ Scenarios:
   A control network with an unused parameter must fail; ``find_unused_parameters=True`` with a
   SparseTensor output is recorded as it behaves, and the documented workaround (return tensors)
   must work.
+* ``bn``: :class:`lattice.nn.SyncBatchNorm` alone on (N, 6) float64 features split unevenly over
+  the ranks (one case with an empty rank; momentum None, affine False, untracked statistics), two
+  training steps: outputs, gradients, buffers.
 * ``raise``: rank 1 raises before its first forward; rank 0 runs the step and must fail (peer
   gone or collective timeout), not hang.
 """
@@ -123,6 +126,55 @@ def scenario_step(rank: int, world: int, out_dir: str) -> None:
     torch.save(results, os.path.join(out_dir, f"step_rank{rank}.pt"))
 
 
+BN_CASES = {  # name: (SyncBatchNorm kwargs, rows of rank 0, rows of rank 1)
+    "default": ({}, 37, 23),
+    "momentum_none": ({"momentum": None}, 30, 30),
+    "affine_false": ({"affine": False}, 11, 40),
+    "untracked": ({"track_running_stats": False}, 25, 9),
+    "rank1_empty": ({}, 41, 0),
+}
+
+
+def bn_case_data(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features of both ranks concatenated (N, 6) float64, upstream weights R (N, 6), initial
+    running mean) for a SyncBatchNorm case; rank 0 holds the first rows."""
+    g = torch.Generator().manual_seed(len(name))
+    n = BN_CASES[name][1] + BN_CASES[name][2]
+    return (torch.randn(n, 6, generator=g, dtype=torch.float64) * 3 + 1, torch.randn(n, 6, generator=g, dtype=torch.float64),
+            torch.randn(6, generator=g, dtype=torch.float64))
+
+
+def scenario_bn(rank: int, world: int, out_dir: str) -> None:
+    """lattice.nn.SyncBatchNorm alone, two training steps per case (loss sum(y * R)): outputs,
+    input / weight / bias gradients and buffers of each rank."""
+    results = {}
+    for name, (kwargs, n0, n1) in BN_CASES.items():
+        feats, r, rm = bn_case_data(name)
+        lo, hi = (0, n0) if rank == 0 else (n0, n0 + n1)
+        bn = lnn.SyncBatchNorm(6, **kwargs).double()
+        if bn.running_mean is not None:
+            bn.running_mean.copy_(rm)
+        if bn.weight is not None:
+            with torch.no_grad():
+                bn.weight.copy_(torch.linspace(0.5, 2.0, 6))
+                bn.bias.copy_(torch.linspace(-1.0, 1.0, 6))
+        coords = torch.zeros(hi - lo, 4, dtype=torch.int32)
+        coords[:, 1] = torch.arange(hi - lo, dtype=torch.int32)
+        steps = []
+        for step in range(2):
+            x = feats[lo:hi].clone().requires_grad_(True)
+            y = bn(lattice.SparseTensor(coords, x * (step + 1)))
+            (y.feats * r[lo:hi]).sum().backward()
+            steps.append({"y": y.feats.detach(), "dx": x.grad,
+                          "dw": None if bn.weight is None else bn.weight.grad.clone(),
+                          "db": None if bn.bias is None else bn.bias.grad.clone(),
+                          "buffers": {k: v.clone() for k, v in bn.state_dict().items()}})
+            if bn.weight is not None:
+                bn.weight.grad = bn.bias.grad = None
+        results[name] = steps
+    torch.save(results, os.path.join(out_dir, f"bn_rank{rank}.pt"))
+
+
 class _Unused(torch.nn.Module):
     """Control: a network with a parameter that never enters the loss."""
 
@@ -214,7 +266,8 @@ def main(argv: list[str]) -> int:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     try:
-        {"step": scenario_step, "models": scenario_models, "raise": scenario_raise}[scenario](rank, world, out_dir)
+        for name in scenario.split(","):  # "step,models": both in one launch (one interpreter start-up)
+            {"step": scenario_step, "models": scenario_models, "bn": scenario_bn, "raise": scenario_raise}[name](rank, world, out_dir)
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
