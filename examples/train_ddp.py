@@ -117,6 +117,9 @@ def setup(args: argparse.Namespace) -> tuple[int, int, int, torch.device]:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if use_cuda:
+        if local_rank >= torch.cuda.device_count():  # else NCCL would wait for a rank that cannot start
+            raise SystemExit(f"[train_ddp] LOCAL_RANK: expected < {torch.cuda.device_count()} (one process per GPU; "
+                             f"use --device cpu or fewer processes per node), got {local_rank}")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -332,7 +332,8 @@ def example_runs(tmp_path_factory):
     scans = folder / "scans"
     _example_module().make_scans(str(scans), 8, 1200)  # in this process: one interpreter start-up less
     common = ["--data", str(scans), "--epochs", "3", "--batch-size", "2", "--model", "MinkUNet18", "--cr", "0.125",
-              "--voxel-size", "0.2", "--threads", "1", "--seed", "3"]
+              "--voxel-size", "0.2", "--threads", "1", "--seed", "3",
+              "--device", "cpu"]  # the gloo CPU test: on a GPU machine "auto" would pick cuda (one GPU, two ranks)
 
     def run(tag: str, extra: list[str]) -> list[dict]:
         init = folder / f"init_{tag}"
