@@ -189,8 +189,20 @@ def save_checkpoint(path: str, model: torch.nn.Module, opt: torch.optim.Optimize
     os.replace(tmp, path)  # a crash mid-write never leaves a truncated checkpoint
 
 
+def _numpy_state() -> dict:
+    """numpy's global RNG state as tensors and numbers, so that ``torch.load(weights_only=True)``
+    (torch >= 2.6's default) reads the checkpoint: no pickled numpy arrays in it."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+
+
+def _set_numpy_state(st: dict) -> None:
+    np.random.set_state((st["name"], st["keys"].numpy().astype(np.uint32), st["pos"], st["has_gauss"], st["gauss"]))
+
+
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+    return {"torch": torch.get_rng_state(), "numpy": _numpy_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
 
 
@@ -198,7 +210,10 @@ def load_checkpoint(path: Optional[str], rank: int) -> Optional[dict]:
     """Rank 0 reads ``path``; every rank gets the same object (broadcast, no shared disk needed)."""
     box = [None]
     if rank == 0 and path:
-        box[0] = torch.load(path, map_location="cpu")
+        # the checkpoint holds tensors, numbers and strings only, so torch's safe loader reads it
+        # (torch >= 2.6 uses it by default; torch 1.13's version of it cannot read floats yet)
+        safe = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4)
+        box[0] = torch.load(path, map_location="cpu", weights_only=safe)
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -248,7 +263,7 @@ def train(args: argparse.Namespace) -> None:
         states = ckpt["rng"]
         if len(states) == world:  # the same world size: every rank continues its own random streams
             torch.set_rng_state(states[rank]["torch"])
-            np.random.set_state(states[rank]["numpy"])
+            _set_numpy_state(states[rank]["numpy"])
             if states[rank]["cuda"] is not None and device.type == "cuda":
                 torch.cuda.set_rng_state(states[rank]["cuda"])
         elif rank == 0:
