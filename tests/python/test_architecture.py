@@ -20,12 +20,13 @@ The rules live in tests/python/archcheck.py (also a script: ``python3 tests/pyth
 The last tests inject each of the six violations that walked around the old direct-include scan
 (issue 20) into a copy of this tree and show that the check fails and names the file.
 
-Where the tree and DESIGN.md differ, the check follows the tree and says so here: DESIGN's table
-gives the backend "core, shared index/geometry math" only, but the backends reach the route
-layer's vocabulary headers (lattice/route/caps.h, problem.h) through backend/args.h and the
-caps headers, and liblattice_backend_cuda.a calls lattice::tier_for_sm from liblattice_route.a
-(docs/architecture.md lists neither). The check allows the backends route headers and does not
-judge backend -> route symbols; everything else is DESIGN's rule.
+The tree follows DESIGN's rule: the vocabulary that the backends share with the route layer
+(device capabilities, the pool / point / algebra enums) lives in core (lattice/core/caps.h,
+vocab.h), so no backend reaches a route header and liblattice_backend_cuda.a calls
+lattice::tier_for_sm from liblattice_core.a. CMakeLists.txt enforces the same sets when compiling
+(each layer sees only its include view; ctest layer_view_* proves an include against the
+direction fails to compile); this scan also catches what a view cannot (relative includes,
+transitive reach through an allowed header, symbols).
 """
 from __future__ import annotations
 
