@@ -103,3 +103,13 @@ def test_route_names_filter_by_device():
     assert "dequant_reference" in routes.route_names("quantized", device="cuda")
     with pytest.raises(ValueError, match=r"^\[route_names\] family: expected one of conv, "):
         routes.route_names("convolution")
+
+
+def test_the_hand_written_admission_table_names_exactly_the_rows():
+    """tests/python/cuda_admission.py stays an independent, hand-written oracle of admission; a
+    route row it does not cover (or a route it names that no row declares) fails here."""
+    import cuda_admission as adm
+    for family in FAMILIES:
+        assert tuple(adm.ROUTES[family]) == tuple(routes.route_names(family)), family
+        cpu_only = tuple(r["name"] for r in routes.route_table() if r["family"] == family and r["device"] == "cpu")
+        assert tuple(adm.CPU_ROUTES[family]) == cpu_only, family
