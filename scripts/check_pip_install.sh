@@ -20,7 +20,7 @@ import torch, lattice
 assert "site-packages" in lattice.__file__, lattice.__file__
 c = torch.unique(torch.randint(0, 16, (200, 3)), dim=0)
 x = lattice.SparseTensor(torch.cat([torch.zeros(len(c), 1, dtype=torch.long), c], 1).int(), torch.randn(len(c), 4))
-y = lattice.models.MinkUNet18(num_classes=3, cr=0.25)(x)
+y = lattice.models.MinkUNet18(num_classes=3, cr=0.25).eval()(x)  # eval: one voxel at stride 16
 assert y.feats.shape == (len(c), 3)
 print("wheel ok:", lattice.__file__)
 PY

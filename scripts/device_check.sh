@@ -11,7 +11,7 @@ mkdir -p "$OUT"
   cmake --version | head -1; g++ --version | head -1; nvcc --version | tail -1
 } > "$OUT/env.txt" 2>&1
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLATTICE_CUDA=ON \
-  -DBLIS_ROOT="$PWD/.deps/blis/usr" -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.txt" 2>&1 &&
+  -DBLIS_ROOT="$PWD/.deps/blis/usr" -Dnlohmann_json_DIR="$PWD/.deps/nlohmann/usr/share/cmake/nlohmann_json" -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.txt" 2>&1 &&
   cmake --build build-device -j "$(nproc)" -- -k 0 >> "$OUT/build.txt" 2>&1
 echo "build rc=$?" >> "$OUT/build.txt"
 export PYTHONPATH=$PWD/python

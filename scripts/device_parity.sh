@@ -33,7 +33,7 @@ stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
 
 stamp "build"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLATTICE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DBLIS_ROOT="$PWD/.deps/blis/usr" \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DBLIS_ROOT="$PWD/.deps/blis/usr" -Dnlohmann_json_DIR="$PWD/.deps/nlohmann/usr/share/cmake/nlohmann_json" \
   -DLATTICE_PYTHON_OUTPUT_DIR="$PWD/$BUILD/py" -DPython_EXECUTABLE="$(command -v python3)" >> "$OUT/build.txt" 2>&1 &&
   cmake --build "$BUILD" -j "$JOBS" -- -k 0 >> "$OUT/build.txt" 2>&1
 build_rc=$?

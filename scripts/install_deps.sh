@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libblis-serial-dev libgtest-dev pybind11-dev python3-dev python3-pybind11
+  libblis-serial-dev libgtest-dev nlohmann-json3-dev pybind11-dev python3-dev python3-pybind11
   python3-numpy python3-torch python3-pytest python3-hypothesis python3-matplotlib python3-pip
 )
 missing=()

@@ -19,3 +19,5 @@ from .quantize import QuantizedWeight, dequantize_weight, quantize_weight  # pac
 __all__ += ["QuantizedWeight", "quantize_weight", "dequantize_weight"]
 from . import convert, data, models  # backbones, data pipeline, checkpoint import (issue 13)
 __all__ += ["models", "data", "convert"]
+from .export import ExportError, export, load_exported  # deployment: graph.json + weights.safetensors (issue 14)
+__all__ += ["export", "load_exported", "ExportError"]

@@ -98,6 +98,7 @@ ALLOWED: dict[str, set[str]] = {
     "io": {"core", "io", "std"},
     "bindings": PUBLIC | {"bindings", "std", "external"},
     "examples": PUBLIC | {"std", "external"},
+    "runtime": PUBLIC | {"runtime", "std", "external"},  # src/runtime (issue 14): lattice::Runtime on the public API
     "umbrella": PUBLIC | {"std"},
 }
 

@@ -13,6 +13,7 @@ from .features import (
     Sigmoid,
     Softplus,
     SyncBatchNorm,
+    SyncBatchNorm1d,
     Tanh,
     convert_sync_batchnorm,
 )
@@ -30,7 +31,7 @@ from .pool import (
 __all__ = ["Conv3d", "SubmConv3d", "ConvTranspose3d", "GenerativeConvTranspose3d", "BatchNorm", "ReLU", "Linear"]
 __all__ += ["MaxPool3d", "AvgPool3d", "SumPool3d", "GlobalAvgPool", "GlobalMaxPool", "GlobalSumPool", "PoolTranspose3d",
             "TrilinearUpsample3d"]
-__all__ += ["SyncBatchNorm", "convert_sync_batchnorm", "LayerNorm", "RMSNorm", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
+__all__ += ["SyncBatchNorm", "SyncBatchNorm1d", "convert_sync_batchnorm", "LayerNorm", "RMSNorm", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
             "Tanh", "Softplus", "Dropout"]
 from .quantized import (  # packed int4/int8 inference modules (issue 7)
     QuantizedConv3d,

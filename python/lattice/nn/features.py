@@ -8,14 +8,27 @@ flat names of the earlier BatchNorm1d subclass still load). torch's conversion r
 finds with a plain ``torch.nn.SyncBatchNorm``, which only accepts tensors; because the replaced
 module is the child, the lattice module around it keeps handing it the feature matrix, so a
 converted model still takes SparseTensors and synchronises statistics exactly like torch does for
-(N, C) inputs. :func:`convert_sync_batchnorm` does the same conversion but yields
-:class:`SyncBatchNorm` modules (a BatchNorm whose child is a ``torch.nn.SyncBatchNorm``).
+(N, C) inputs — on CUDA only: DistributedDataParallel refuses a CPU module that contains a
+``torch.nn.SyncBatchNorm``. :func:`convert_sync_batchnorm` does the conversion for every device:
+it yields :class:`SyncBatchNorm` modules (a BatchNorm whose child is a :class:`SyncBatchNorm1d`,
+a ``_BatchNorm`` that synchronises like torch's but is not a ``torch.nn.SyncBatchNorm`` instance,
+so DDP accepts it on CPU / gloo too; same state_dict names).
 
 When no synchronisation is needed (eval mode, or a single process without an initialised process
 group) a SyncBatchNorm child runs as plain batch norm, also on CPU: torch >= 2 does this itself,
 torch 1.x refuses CPU input even then, so the lattice module takes that path directly.
-Synchronised training needs what torch's SyncBatchNorm needs (CUDA features, an initialised
-process group).
+
+Synchronised training (training mode, an initialised process group of more than one process):
+CUDA features go through torch's own ``SyncBatchNorm.forward`` (NCCL). torch has no synchronised batch
+norm for CPU tensors (``SyncBatchNorm expected input tensor to be on GPU``), so for CPU features
+(gloo) the lattice module runs :class:`_CpuSyncBatchNorm`, the same computation as torch's CUDA
+one: every rank all-gathers ``(count, mean, M2)`` per channel and combines them in rank order
+(Chan's parallel variance, so every rank gets bitwise the same statistics and a rank with 0 rows
+takes part), normalises with the global statistics, updates the running statistics with the
+global unbiased variance, and in backward all-gathers ``sum(dy)`` and ``sum(dy * x_hat)`` so the
+input gradient is that of the loss summed over all ranks (the weight and bias gradients stay
+local: DistributedDataParallel averages them). Every rank must run every such layer the same
+number of times, in forward and backward, as with torch's.
 """
 from __future__ import annotations
 
@@ -45,13 +58,139 @@ def _needs_sync(bn: torch.nn.SyncBatchNorm) -> bool:
     return torch.distributed.get_world_size(group) > 1
 
 
+def _gather_rows(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """(world, *t.shape): ``t`` of every rank of ``group``, in rank order."""
+    parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, t.contiguous(), group=group)
+    return torch.stack(parts)
+
+
+class _CpuSyncBatchNorm(torch.autograd.Function):
+    """Batch norm of (N, C) CPU features with statistics over every rank of ``group`` (see the
+    module docstring). Computed in float32 for 16-bit features, in the feature dtype otherwise."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], eps: float,
+                factor: float, group: Any) -> torch.Tensor:
+        acc = torch.promote_types(x.dtype, torch.float32)
+        xs = x.to(acc)
+        n_local = xs.shape[0]
+        mean_local = xs.sum(0) / max(n_local, 1)
+        m2_local = (xs - mean_local).square().sum(0)
+        count = torch.full((1,), float(n_local), dtype=acc)
+        stats = _gather_rows(torch.cat([count, mean_local, m2_local]), group)  # (world, 1 + 2C)
+        c = xs.shape[1]
+        counts, means, m2s = stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:]
+        n = float(counts.sum())
+        if n <= 1:
+            raise ValueError(f"[SyncBatchNorm] input: expected more than 1 row over all ranks in training, "
+                             f"got {int(n)}")
+        mean = (counts[:, None] * means).sum(0) / n  # rank order: the same bits on every rank
+        m2 = (m2s + counts[:, None] * (means - mean).square()).sum(0)
+        var = m2 / n
+        invstd = torch.rsqrt(var + eps)
+        xhat = (xs - mean) * invstd
+        y = xhat if weight is None else xhat * weight.to(acc)
+        if bias is not None:
+            y = y + bias.to(acc)
+        if running_mean is not None:
+            with torch.no_grad():
+                running_mean.mul_(1.0 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+                running_var.mul_(1.0 - factor).add_((m2 / (n - 1)).to(running_var.dtype), alpha=factor)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.n, ctx.group, ctx.has_bias = n, group, bias is not None
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        xhat, invstd, weight = ctx.saved_tensors
+        g = dy.to(xhat.dtype)
+        sum_dy, sum_dy_xhat = g.sum(0), (g * xhat).sum(0)
+        c = xhat.shape[1]
+        # always communicate (even if no input gradient is needed): every rank's collectives must match
+        total = _gather_rows(torch.cat([sum_dy, sum_dy_xhat]), ctx.group).sum(0)
+        scale = invstd if weight is None else invstd * weight.to(xhat.dtype)
+        dx = scale * (g - total[:c] / ctx.n - xhat * (total[c:] / ctx.n))
+        dw = sum_dy_xhat.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = sum_dy.to(dy.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx.to(dy.dtype), dw, db, None, None, None, None, None
+
+
+def _cpu_sync_batch_norm(bn: torch.nn.SyncBatchNorm, feats: torch.Tensor) -> torch.Tensor:
+    """torch's ``SyncBatchNorm.forward`` bookkeeping (num_batches_tracked, momentum None =
+    cumulative average, untracked statistics) around :class:`_CpuSyncBatchNorm`."""
+    if feats.dim() != 2 or feats.shape[1] != bn.num_features:
+        raise ValueError(f"[SyncBatchNorm] input: expected features of shape (N, {bn.num_features}), "
+                         f"got {tuple(feats.shape)}")
+    factor = 0.0 if bn.momentum is None else float(bn.momentum)
+    if bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else float(bn.momentum)
+    track = bn.track_running_stats
+    group = bn.process_group or torch.distributed.group.WORLD
+    return _CpuSyncBatchNorm.apply(feats, bn.weight, bn.bias, bn.running_mean if track else None,
+                                   bn.running_var if track else None, float(bn.eps), factor, group)
+
+
+def _sync_forward(bn: torch.nn.Module, feats: torch.Tensor) -> torch.Tensor:
+    """The forward of a synchronised batch norm ``bn`` (a torch ``SyncBatchNorm`` or a
+    :class:`SyncBatchNorm1d`) on (N, C) features: torch's on CUDA, lattice's synchronised CPU batch
+    norm when a CPU run needs synchronisation, plain batch norm otherwise (torch >= 2 falls back
+    the same way; torch 1.x would raise "expected input tensor to be on GPU")."""
+    if feats.is_cuda:
+        return torch.nn.SyncBatchNorm.forward(bn, feats)  # type: ignore[arg-type]
+    if _needs_sync(bn):
+        return _cpu_sync_batch_norm(bn, feats)
+    return torch.nn.modules.batchnorm._BatchNorm.forward(bn, feats)
+
+
+class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
+    """The child of :class:`SyncBatchNorm`: a ``_BatchNorm`` over (N, C) features with torch's
+    ``SyncBatchNorm`` arguments (``process_group``) whose statistics are synchronised in training
+    (see the module docstring).
+
+    It is deliberately *not* a ``torch.nn.SyncBatchNorm`` instance: DistributedDataParallel
+    refuses any module containing one unless the module is on a GPU ("SyncBatchNorm layers only
+    work with GPU modules"), which would rule out gloo / CPU training. On CUDA it runs torch's
+    ``SyncBatchNorm.forward`` itself.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group: Any = None, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+
+    _check_input_dim = torch.nn.SyncBatchNorm._check_input_dim
+    _check_non_zero_input_channels = torch.nn.SyncBatchNorm._check_non_zero_input_channels
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name
+        return _sync_forward(self, input)
+
+    @classmethod
+    def from_batch_norm(cls, module: torch.nn.modules.batchnorm._BatchNorm, process_group: Any = None) -> "SyncBatchNorm1d":
+        """A SyncBatchNorm1d sharing ``module``'s parameters, buffers and train/eval mode (what
+        ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does for one layer)."""
+        out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                  process_group)
+        if module.affine:
+            out.weight, out.bias = module.weight, module.bias
+        out.running_mean, out.running_var = module.running_mean, module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        if hasattr(module, "qconfig"):
+            out.qconfig = module.qconfig
+        out.process_group = process_group if process_group is not None else getattr(module, "process_group", None)
+        return out.train(module.training)
+
+
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
     for what in ("weight", "bias", "running_mean", "running_var"):
         check_device(op, what, getattr(bn, what, None), feats.device)
-    if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda and not _needs_sync(bn):
-        # Plain batch norm with the SyncBatchNorm's own parameters and buffers (torch >= 2 falls
-        # back the same way; torch 1.x would raise "expected input tensor to be on GPU").
-        return torch.nn.modules.batchnorm._BatchNorm.forward(bn, feats)
+    if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda:
+        # a child converted by torch's convert_sync_batchnorm: lattice's CPU path (DDP refuses a
+        # CPU module holding a torch SyncBatchNorm, but a process group without DDP works)
+        return _sync_forward(bn, feats)
     return bn(feats)
 
 
@@ -97,23 +236,26 @@ class BatchNorm(torch.nn.Module):
 
 class SyncBatchNorm(BatchNorm):
     """:class:`BatchNorm` whose child is a ``torch.nn.SyncBatchNorm``: statistics are synchronised
-    across processes in distributed training (CUDA), plain batch norm otherwise."""
+    across the processes of the group in distributed training (torch's for CUDA features,
+    lattice's for CPU features / gloo, see the module docstring), plain batch norm otherwise."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         torch.nn.Module.__init__(self)
-        self.bn = torch.nn.SyncBatchNorm(num_features, eps, momentum, affine, track_running_stats, process_group,
-                                         device=device, dtype=dtype)
+        self.bn = SyncBatchNorm1d(num_features, eps, momentum, affine, track_running_stats, process_group,
+                                  device=device, dtype=dtype)
 
     @classmethod
     def from_batch_norm(cls, module: BatchNorm, process_group: Any = None) -> "SyncBatchNorm":
         """A SyncBatchNorm sharing ``module``'s parameters and buffers (and its train/eval mode)."""
         out = cls.__new__(cls)
         torch.nn.Module.__init__(out)
-        out.bn = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module.bn, process_group)
+        out.bn = SyncBatchNorm1d.from_batch_norm(module.bn, process_group)
         out.train(module.training)
         return out
+
+    process_group = property(lambda self: self.bn.process_group)
 
 
 def convert_sync_batchnorm(module: torch.nn.Module, process_group: Any = None) -> torch.nn.Module:
