@@ -21,17 +21,6 @@ AlgebraOp parse_combine(const std::string& s) {
                    "'");
 }
 
-RoutePolicy parse_policy(const std::string& op, const std::optional<std::string>& route) {
-  RoutePolicy p;
-  if (route) {
-    p.force = route_from_string("algebra", *route);
-    if (!p.force)
-      throw ValueError("[" + op + "] route: expected 'hashed' or 'reference', got '" + *route +
-                       "'");
-  }
-  return p;
-}
-
 using AlignmentPtr = std::shared_ptr<ops::Alignment>;
 
 }  // namespace
@@ -57,7 +46,7 @@ void bind_algebra(py::module_& m) {
          const std::shared_ptr<CoordinateSet>& rhs, const std::string& join,
          const std::optional<std::string>& route) {
         const Join j = parse_join(op, join);
-        const RoutePolicy policy = parse_policy(op, route);
+        const RoutePolicy policy = parse_policy(op, "algebra", route);
         py::gil_scoped_release release;
         return std::const_pointer_cast<ops::Alignment>(ops::align(op, lhs, rhs, j, policy));
       },
@@ -71,7 +60,7 @@ void bind_algebra(py::module_& m) {
         const AlgebraOp op = parse_combine(combine);
         Array l = array_from_capsule(lhs, "lhs");
         Array r = array_from_capsule(rhs, "rhs");
-        const ops::CombineOptions o{fill, parse_policy(a->op, route)};
+        const ops::CombineOptions o{fill, parse_policy(a->op, "algebra", route)};
         Array out;
         {
           py::gil_scoped_release release;
@@ -91,7 +80,7 @@ void bind_algebra(py::module_& m) {
         Array l = array_from_capsule(lhs, "lhs");
         Array r = array_from_capsule(rhs, "rhs");
         Array g = array_from_capsule(grad_out, "grad_out");
-        const ops::CombineOptions o{fill, parse_policy(a->op, route)};
+        const ops::CombineOptions o{fill, parse_policy(a->op, "algebra", route)};
         ops::CombineGrads grads;
         {
           py::gil_scoped_release release;

@@ -21,17 +21,6 @@ ConvPass parse_pass(const std::string& s) {
   throw ValueError("[explain] pass: expected 'forward', 'input_grad' or 'weight_grad', got '" + s + "'");
 }
 
-RoutePolicy parse_policy(const std::string& op, const std::optional<std::string>& route) {
-  RoutePolicy p;
-  if (route) {
-    p.force = route_from_string("conv", *route);
-    if (!p.force)
-      throw ValueError("[" + op + "] route: expected one of 'reference', 'pointwise_matmul', " +
-                       "'gather_gemm_scatter', got '" + *route + "'");
-  }
-  return p;
-}
-
 Dtype parse_dtype(const std::string& s) {
   for (auto d : {Dtype::f16, Dtype::bf16, Dtype::f32, Dtype::f64, Dtype::i32, Dtype::i64, Dtype::u8, Dtype::u32,
                  Dtype::boolean})
@@ -68,6 +57,7 @@ void bind_conv(py::module_& m) {
         }
         return rows;
       })
+      .def_readonly("stages", &Explanation::stages)
       .def("__str__", &Explanation::to_string)
       .def("__repr__", &Explanation::to_string);
 
@@ -93,7 +83,7 @@ void bind_conv(py::module_& m) {
         o.expand = expand;
         o.deterministic = deterministic;
         o.allow_tf32 = allow_tf32;
-        o.policy = parse_policy(op, route);
+        o.policy = parse_policy(op, "conv", route);
         const RelationKind k = parse_kind(kind);
         py::gil_scoped_release release;
         return std::make_shared<ops::ConvPlan>(ops::plan_conv(op, k, x, o, target));
@@ -178,7 +168,7 @@ void bind_conv(py::module_& m) {
           c.cuda.name = "simulated";
           c.cuda.status = "simulated";
         }
-        return explain(p, c, parse_policy(p.op, route));
+        return explain(p, c, parse_policy(p.op, "conv", route));
       },
       py::arg("problem"), py::arg("caps") = py::dict(), py::arg("route") = py::none());
   m.def("tier_for_sm", [](int sm) { return std::string(to_string(tier_for_sm(sm))); });

@@ -11,22 +11,6 @@ namespace lattice::python {
 
 namespace {
 
-// Set operations and lookups run on the algebra routes; downsampling and Morton on the coords
-// routes.
-RoutePolicy parse_policy(const std::string& op, const char* family,
-                         const std::optional<std::string>& route) {
-  RoutePolicy p;
-  if (route) {
-    p.force = route_from_string(family, *route);
-    if (!p.force) {
-      const std::string expected =
-          std::string(family) == "algebra" ? "'hashed' or 'reference'" : "'reference'";
-      throw ValueError("[" + op + "] route: expected " + expected + ", got '" + *route + "'");
-    }
-  }
-  return p;
-}
-
 using SetPtr = std::shared_ptr<CoordinateSet>;
 
 }  // namespace

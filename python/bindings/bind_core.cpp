@@ -65,6 +65,36 @@ void bind_core(py::module_& m) {
   m.def("current_stream", [](int device_index) { return current_stream(Device::cuda(device_index)); },
         py::arg("device_index"));
   m.def("backend_info", &backend_info);
+  // The route table's rows (src/route/<family>_routes.cpp): the one declaration of every route,
+  // read by the docs generator and by the tests that iterate over routes.
+  m.def("route_table", [] {
+    py::list rows;
+    for (const RouteInfo& r : route_table()) {
+      py::list files;
+      for (const KernelFile& f : r.files)
+        if (!f.path.empty()) files.append(py::make_tuple(std::string(f.path), std::string(f.constraints)));
+      py::dict d;
+      d["family"] = std::string(r.family);
+      d["name"] = std::string(r.name);
+      d["device"] = std::string(r.device);
+      d["tier"] = std::string(to_string(r.tier));
+      d["rank"] = r.rank;
+      d["kernels"] = std::string(r.kernels);
+      d["files"] = files;
+      rows.append(d);
+    }
+    return rows;
+  });
+  m.def("route_families", [] {
+    std::vector<std::string> out;
+    for (auto f : route_families()) out.emplace_back(f);
+    return out;
+  });
+  m.def("route_names", [](const std::string& family) {
+    std::vector<std::string> out;
+    for (auto n : route_names(family)) out.emplace_back(n);
+    return out;
+  }, py::arg("family"));
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("device_caps", [] {

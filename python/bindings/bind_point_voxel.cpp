@@ -28,17 +28,6 @@ PointVoxelPass parse_pass(const std::string& op, const std::string& s) {
   throw ValueError("[" + op + "] pass: expected 'forward' or 'backward', got '" + s + "'");
 }
 
-RoutePolicy parse_policy(const std::string& op, const std::optional<std::string>& route) {
-  RoutePolicy p;
-  if (route) {
-    p.force = route_from_string("point_voxel", *route);
-    if (!p.force)
-      throw ValueError("[" + op + "] route: expected 'parallel' or 'reference', got '" + *route +
-                       "'");
-  }
-  return p;
-}
-
 std::array<double, 3> as3(const std::array<double, 3>& v) { return v; }
 
 }  // namespace
@@ -94,7 +83,7 @@ void bind_point_voxel(py::module_& m) {
          const std::optional<std::string>& route) {
         Array x = array_from_capsule(feats, "feats");
         const PointReduction r = parse_reduction(reduction);
-        const RoutePolicy policy = parse_policy("voxelize", route);
+        const RoutePolicy policy = parse_policy("voxelize", "point_voxel", route);
         ops::VoxelizeForward out;
         {
           py::gil_scoped_release release;
@@ -111,7 +100,7 @@ void bind_point_voxel(py::module_& m) {
         Array dy = array_from_capsule(grad_out, "grad_out");
         std::optional<Array> arg = optional_array(argmax, "argmax");
         const PointReduction r = parse_reduction(reduction);
-        const RoutePolicy policy = parse_policy("voxelize", route);
+        const RoutePolicy policy = parse_policy("voxelize", "point_voxel", route);
         Array dx;
         {
           py::gil_scoped_release release;
@@ -134,7 +123,7 @@ void bind_point_voxel(py::module_& m) {
         o.origin = origin;
         o.mode = parse_mode(mode);
         o.normalize = normalize;
-        o.policy = parse_policy("build_point_voxel_map", route);
+        o.policy = parse_policy("build_point_voxel_map", "point_voxel", route);
         py::gil_scoped_release release;
         return std::const_pointer_cast<ops::PointVoxelMap>(
             ops::build_point_voxel_map(p, voxels, o, b ? &*b : nullptr));
@@ -148,7 +137,7 @@ void bind_point_voxel(py::module_& m) {
       [](const ops::PointVoxelMap& map, const std::shared_ptr<CoordinateSet>& voxels,
          const py::object& feats, const std::optional<std::string>& route) {
         Array x = array_from_capsule(feats, "feats");
-        const RoutePolicy policy = parse_policy("devoxelize", route);
+        const RoutePolicy policy = parse_policy("devoxelize", "point_voxel", route);
         Array y;
         {
           py::gil_scoped_release release;
@@ -163,7 +152,7 @@ void bind_point_voxel(py::module_& m) {
       [](const ops::PointVoxelMap& map, const py::object& grad_out,
          const std::optional<std::string>& route) {
         Array dy = array_from_capsule(grad_out, "grad_out");
-        const RoutePolicy policy = parse_policy("devoxelize", route);
+        const RoutePolicy policy = parse_policy("devoxelize", "point_voxel", route);
         Array dv;
         {
           py::gil_scoped_release release;
@@ -179,7 +168,7 @@ void bind_point_voxel(py::module_& m) {
          const std::string& pass, const std::optional<std::string>& route) {
         return ops::explain_voxelize(g, array_from_capsule(feats, "feats"),
                                      parse_reduction(reduction), parse_pass("voxelize", pass),
-                                     parse_policy("voxelize", route));
+                                     parse_policy("voxelize", "point_voxel", route));
       },
       py::arg("grouping"), py::arg("feats"), py::arg("reduction"), py::arg("pass_") = "forward",
       py::arg("route") = py::none());
@@ -190,7 +179,7 @@ void bind_point_voxel(py::module_& m) {
          const std::optional<std::string>& route) {
         return ops::explain_devoxelize(map, array_from_capsule(feats, "feats"),
                                        parse_pass("devoxelize", pass),
-                                       parse_policy("devoxelize", route));
+                                       parse_policy("devoxelize", "point_voxel", route));
       },
       py::arg("map"), py::arg("feats"), py::arg("pass_") = "forward",
       py::arg("route") = py::none());
@@ -201,7 +190,7 @@ void bind_point_voxel(py::module_& m) {
          const std::string& mode, const std::optional<std::string>& route) {
         return ops::explain_build_point_voxel_map(array_from_capsule(points, "points"), voxels,
                                                   parse_mode(mode),
-                                                  parse_policy("build_point_voxel_map", route));
+                                                  parse_policy("build_point_voxel_map", "point_voxel", route));
       },
       py::arg("points"), py::arg("voxels"), py::arg("mode"), py::arg("route") = py::none());
 
@@ -237,7 +226,7 @@ void bind_point_voxel(py::module_& m) {
         p.n_points = get("n_points");
         p.n_voxels = get("n_voxels");
         p.channels = get("channels");
-        return explain(p, device_caps(), parse_policy(p.op, route));
+        return explain(p, device_caps(), parse_policy(p.op, "point_voxel", route));
       },
       py::arg("problem"), py::arg("route") = py::none());
 }

@@ -26,14 +26,7 @@ ops::PoolOptions options(const std::string& op, bool deterministic,
                          const std::optional<std::string>& route) {
   ops::PoolOptions o;
   o.deterministic = deterministic;
-  if (route) {
-    o.policy.force = route_from_string("pool", *route);
-    if (!o.policy.force)
-      throw ValueError(
-          "[" + op +
-          "] route: expected one of 'reference', 'csr_reduce', 'input_exclusive', got '" + *route +
-          "'");
-  }
+  o.policy = parse_policy(op, "pool", route);
   return o;
 }
 

@@ -18,11 +18,7 @@ void bind_quantize(py::module_& m) {
         o.voxel_size = voxel_size;
         o.origin = origin;
         o.drop_invalid = drop_invalid;
-        if (route) {
-          o.policy.force = route_from_string("quantize", *route);
-          if (!o.policy.force)
-            throw ValueError("[sparse_quantize] route: expected 'reference' or 'cuda', got '" + *route + "'");
-        }
+        o.policy = parse_policy("sparse_quantize", "quantize", route);
         ops::QuantizeOutput out;
         {
           py::gil_scoped_release release;

@@ -15,17 +15,6 @@ ops::QuantizedLayout parse_layout(const std::string& op, const std::string& s) {
   throw ValueError("[" + op + "] weight: expected layout 'linear', 'kernel_major' or 'dense_5d', got '" + s + "'");
 }
 
-RoutePolicy parse_policy(const std::string& op, const std::optional<std::string>& route) {
-  RoutePolicy p;
-  if (route) {
-    p.force = route_from_string("quantized", *route);
-    if (!p.force)
-      throw ValueError("[" + op + "] route: expected one of 'fused_dequant_gemm', 'cuda_dequant_gemm', 'dequant_reference' " +
-                       "for a QuantizedWeight, got '" + *route + "'");
-  }
-  return p;
-}
-
 // (packed, scales, biases, bits, group_size, layout, shape) as lattice.ops.quantized passes them.
 ops::QuantizedWeight to_weight(const std::string& op, const py::tuple& q) {
   if (py::len(q) != 7) throw ValueError("[" + op + "] weight: expected 7 QuantizedWeight fields, got " + std::to_string(py::len(q)));
@@ -50,7 +39,7 @@ void bind_quantized(py::module_& m) {
         Array x = array_from_capsule(feats, "feats");
         const ops::QuantizedWeight w = to_weight(plan.op, weight);
         std::optional<Array> b = optional_array(bias, "bias");
-        const RoutePolicy policy = parse_policy(plan.op, route);
+        const RoutePolicy policy = parse_policy(plan.op, "quantized", route);
         Array y;
         {
           py::gil_scoped_release release;
@@ -65,7 +54,7 @@ void bind_quantized(py::module_& m) {
       [](const ops::ConvPlan& plan, const py::object& feats, const py::tuple& weight,
          const std::optional<std::string>& route) {
         Array x = array_from_capsule(feats, "feats");
-        return ops::explain_quantized_conv(plan, x, to_weight(plan.op, weight), parse_policy(plan.op, route));
+        return ops::explain_quantized_conv(plan, x, to_weight(plan.op, weight), parse_policy(plan.op, "quantized", route));
       },
       py::arg("plan"), py::arg("feats"), py::arg("weight"), py::arg("route"));
 
@@ -76,7 +65,7 @@ void bind_quantized(py::module_& m) {
         Array x = array_from_capsule(feats, "feats");
         const ops::QuantizedWeight w = to_weight("linear", weight);
         std::optional<Array> b = optional_array(bias, "bias");
-        const RoutePolicy policy = parse_policy("linear", route);
+        const RoutePolicy policy = parse_policy("linear", "quantized", route);
         Array y;
         {
           py::gil_scoped_release release;
@@ -90,7 +79,7 @@ void bind_quantized(py::module_& m) {
       "explain_quantized_linear",
       [](const py::object& feats, const py::tuple& weight, const std::optional<std::string>& route) {
         Array x = array_from_capsule(feats, "feats");
-        return ops::explain_quantized_linear(x, to_weight("linear", weight), parse_policy("linear", route));
+        return ops::explain_quantized_linear(x, to_weight("linear", weight), parse_policy("linear", "quantized", route));
       },
       py::arg("feats"), py::arg("weight"), py::arg("route"));
 

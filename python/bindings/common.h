@@ -6,9 +6,11 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "lattice/core/array.h"
 #include "lattice/core/vocab.h"
+#include "lattice/route/route.h"
 
 namespace lattice::python {
 
@@ -22,6 +24,11 @@ py::capsule capsule_from_array(const Array& array);
 py::object capsule_or_none(const Array& array);
 
 Int3 to_int3(const py::object& v, const char* what);
+
+// An op's `route=` argument: None lets the table choose; a route name of `family` forces that
+// route; any other name raises "[op] route: expected <the family's names, from the route table>".
+RoutePolicy parse_policy(const std::string& op, std::string_view family,
+                         const std::optional<std::string>& route);
 
 void bind_core(py::module_& m);
 void bind_conv(py::module_& m);

@@ -66,6 +66,17 @@ Int3 to_int3(const py::object& v, const char* what) {
   return out;
 }
 
+RoutePolicy parse_policy(const std::string& op, std::string_view family,
+                         const std::optional<std::string>& route) {
+  RoutePolicy p;
+  if (route) {
+    p.force = route_from_string(family, *route);
+    if (!p.force)
+      throw ValueError("[" + op + "] route: expected " + route_name_list(family) + ", got '" + *route + "'");
+  }
+  return p;
+}
+
 }  // namespace lattice::python
 
 PYBIND11_MODULE(_lattice, m) {

@@ -10,7 +10,6 @@
 #include "lattice/core/array.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/vocab.h"
-#include "lattice/route/problem.h"
 
 namespace lattice::backend {
 

@@ -53,4 +53,53 @@ std::string to_string(Device device) {
   return device.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(device.index);
 }
 
+std::string_view to_string(PointReduction r) {
+  switch (r) {
+    case PointReduction::sum: return "sum";
+    case PointReduction::mean: return "mean";
+    case PointReduction::max: return "max";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(PointVoxelMode m) {
+  switch (m) {
+    case PointVoxelMode::nearest: return "nearest";
+    case PointVoxelMode::trilinear: return "trilinear";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(PoolMode m) {
+  switch (m) {
+    case PoolMode::sum: return "sum";
+    case PoolMode::avg: return "avg";
+    case PoolMode::max: return "max";
+    case PoolMode::weighted: return "weighted";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Join j) {
+  switch (j) {
+    case Join::inner: return "inner";
+    case Join::left: return "left";
+    case Join::right: return "right";
+    case Join::outer: return "outer";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(AlgebraOp op) {
+  switch (op) {
+    case AlgebraOp::add: return "add";
+    case AlgebraOp::sub: return "sub";
+    case AlgebraOp::mul: return "mul";
+    case AlgebraOp::maximum: return "maximum";
+    case AlgebraOp::minimum: return "minimum";
+    case AlgebraOp::cat: return "cat";
+  }
+  return "unknown";
+}
+
 }  // namespace lattice

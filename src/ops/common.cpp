@@ -19,7 +19,7 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
   auto id = route_from_string(family, spec);
   if (!id) {
     // A route name of another family (no prefix given) leaves this family alone.
-    for (std::string_view other : {"conv", "quantize", "point_voxel", "pool", "algebra", "coords", "quantized"})
+    for (std::string_view other : route_families())
       if (other != family && route_from_string(other, spec)) return policy;
     std::string got = "'";
     got.append(env).append("'");

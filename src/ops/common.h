@@ -22,6 +22,11 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
 // is admitted.
 RouteId chosen_or_throw(const Explanation& explanation);
 
+struct ConvPlan;
+// The conv table's decision for `plan` over float `feats` and a weight of `c_out` columns (what
+// conv_forward / conv_backward choose); quantized dequant_reference reports it as its next stage.
+Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::int64_t c_out, ConvPass pass);
+
 // ---- relation planning shared by the ops that run over relations (conv, pool) ------------------
 
 // Kernel geometry of a call, as the caller gave it (`requested.expand` included): sizes >= 1,

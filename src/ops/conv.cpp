@@ -225,6 +225,11 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   return grads;
 }
 
+Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::int64_t c_out, ConvPass pass) {
+  return explain(make_problem(plan, feats, c_out, pass), backend::device_caps(),
+                 effective_policy(plan.options.policy, "conv"));
+}
+
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {
   const CheckedWeight w = check_weight(plan, feats, weight);
   return explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),

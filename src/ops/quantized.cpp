@@ -292,8 +292,33 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
 Explanation explain_quantized_conv(const ConvPlan& plan, const Array& feats, const QuantizedWeight& weight,
                                    const RoutePolicy& policy) {
   const CheckedQuantized w = check_conv(plan, feats, weight);
-  return explain(conv_problem(plan, feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
+  Explanation e = explain(conv_problem(plan, feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
+  // dequant_reference decodes the weight, then runs the float conv route this stage shows.
+  if (e.chosen == RouteId::quantized_dequant_reference)
+    e.stages.push_back(explain_float_conv(plan, feats, w.args.c_out, ConvPass::forward));
+  return e;
 }
+
+namespace {
+
+// The float route dequant_reference runs for linear: the conv table over an identity relation of
+// kernel volume 1 (CPU: pointwise_matmul; CUDA: a device route over an identity relation whose
+// edge arrays live on the device).
+Explanation explain_linear_float(const Array& x, const CheckedQuantized& w) {
+  ConvProblem cp;
+  cp.op = "linear";
+  cp.relation = RelationKind::submanifold;
+  cp.dtype = x.dtype();
+  cp.device = x.device();
+  cp.n_in = cp.n_out = cp.n_edges = x.dim(0);
+  cp.c_in = w.args.c_in;
+  cp.c_out = w.args.c_out;
+  cp.kernel_volume = 1;
+  cp.identity_relation = true;
+  return explain(cp, backend::device_caps(), effective_policy({}, "conv"));
+}
+
+}  // namespace
 
 Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const Array* bias,
                        const RoutePolicy& policy) {
@@ -307,20 +332,8 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
   if (id == RouteId::quantized_dequant_reference) {
     // The float route of a dense matmul: pointwise_matmul on (1, C_in, C_out) = W^T.
     const Array full = dequantize_checked(w, x.dtype(), x.device());
-    ConvProblem cp;
-    cp.op = "linear";
-    cp.relation = RelationKind::submanifold;
-    cp.dtype = x.dtype();
-    cp.device = x.device();
-    cp.n_in = cp.n_out = cp.n_edges = n;
-    cp.c_in = w.args.c_in;
-    cp.c_out = w.args.c_out;
-    cp.kernel_volume = 1;
-    cp.identity_relation = true;
-    // The conv table picks the float route (CPU: pointwise_matmul; CUDA: a device route over an
-    // identity relation whose edge arrays live on the device).
     const bool on_cpu = x.device().is_cpu();
-    const RouteId fid = chosen_or_throw(explain(cp, backend::device_caps(), effective_policy({}, "conv")));
+    const RouteId fid = chosen_or_throw(explain_linear_float(x, w));
     const backend::ConvKernels* ck = backend::find_conv_kernels(fid);
     LATTICE_ASSERT(ck != nullptr, "admitted conv route has no kernels in this build");
     IdentityArrays ident;
@@ -355,7 +368,9 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
 Explanation explain_quantized_linear(const Array& feats, const QuantizedWeight& weight, const RoutePolicy& policy) {
   check_feats("linear", feats);
   const CheckedQuantized w = check_quantized("linear", weight, feats.dim(1), feats.device(), true, 1, Int3{1, 1, 1});
-  return explain(linear_problem(feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
+  Explanation e = explain(linear_problem(feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
+  if (e.chosen == RouteId::quantized_dequant_reference) e.stages.push_back(explain_linear_float(feats, w));
+  return e;
 }
 
 Array dequantize_kernel_major(std::string_view op, const QuantizedWeight& weight, Dtype dtype) {

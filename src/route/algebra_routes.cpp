@@ -41,12 +41,51 @@ Verdict admit_algebra_cuda_hashed(const AlgebraProblem& p, const DeviceCaps& cap
 }
 
 constexpr std::array<RouteSpec<AlgebraProblem>, 3> kAlgebraRoutes{{
-    {RouteId::algebra_hashed, 0, admit_algebra_hashed},
-    {RouteId::algebra_cuda_hashed, 0, admit_algebra_cuda_hashed},
-    {RouteId::algebra_reference, 9, admit_algebra_reference},
+    {{.id = RouteId::algebra_hashed,
+      .family = "algebra",
+      .name = "hashed",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 0,
+      .kernels = "cpu::algebra_hashed_align cpu::algebra_hashed_lookup cpu::algebra_hashed_forward cpu::algebra_hashed_backward",
+      .files = {{{"src/backend/cpu/algebra/hashed.cpp",
+          "CPU; align and lookup on any int32 coordinate rows (unique within each set), given "
+          "the coordinate index of every set it probes (AlignArgs::lhs_index / rhs_index, "
+          "LookupArgs::index); combine passes on float dtypes (f16, bf16, f32, f64); any row count, "
+          "including none. Deterministic: bitwise-identical results for any thread count."}}}},
+     admit_algebra_hashed},
+    {{.id = RouteId::algebra_cuda_hashed,
+      .family = "algebra",
+      .name = "cuda_hashed",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::algebra_cuda_hashed_align cuda::algebra_cuda_hashed_lookup cuda::algebra_cuda_hashed_forward cuda::algebra_cuda_hashed_backward",
+      .files = {{{"src/backend/cuda/algebra/hashed.cu",
+          "CUDA (data on a cuda device, the CUDA backend built and a device present); align "
+          "and lookup on any int32 coordinate rows, unique within each set (checked here on the device, "
+          "raising the CPU index's ValueError), fewer than 2^30 rows in every set that is hashed (both "
+          "sets of an alignment, the table of a lookup; queries any count); combine passes on float "
+          "dtypes (f16, bf16, f32, f64); any row count, including none. Deterministic: bitwise-identical "
+          "results run to run, equal to the CPU reference route (no float atomics)."}}}},
+     admit_algebra_cuda_hashed},
+    {{.id = RouteId::algebra_reference,
+      .family = "algebra",
+      .name = "reference",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 9,
+      .kernels = "cpu::algebra_reference_align cpu::algebra_reference_lookup cpu::algebra_reference_forward cpu::algebra_reference_backward",
+      .files = {{{"src/backend/cpu/algebra/reference.cpp",
+          "CPU; align and lookup on any int32 coordinate rows (unique within each set); "
+          "combine passes on float dtypes (f16, bf16, f32, f64); any row count, including none. "
+          "Deterministic (single-threaded, fixed order)."}}}},
+     admit_algebra_reference},
 }};
 
 }  // namespace
+
+void route_detail::algebra_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kAlgebraRoutes); }
 
 Explanation explain(const AlgebraProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy) {

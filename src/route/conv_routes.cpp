@@ -53,14 +53,72 @@ Verdict admit_conv_reference(const ConvProblem& p, const DeviceCaps&) {
 }
 
 constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
-    {RouteId::conv_pointwise_matmul, 0, admit_conv_pointwise_matmul},
-    {RouteId::conv_gather_gemm_scatter, 1, admit_conv_gather_gemm_scatter},
-    {RouteId::conv_implicit_gemm_sm80, 2, admit_conv_implicit_gemm_sm80},
-    {RouteId::conv_cuda_gather_gemm_scatter, 3, admit_conv_cuda_gather_gemm_scatter},
-    {RouteId::conv_reference, 9, admit_conv_reference},
+    {{.id = RouteId::conv_pointwise_matmul,
+      .family = "conv",
+      .name = "pointwise_matmul",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 0,
+      .kernels = "cpu::conv_pointwise_matmul_forward cpu::conv_pointwise_matmul_input_grad cpu::conv_pointwise_matmul_weight_grad",
+      .files = {{{"src/backend/cpu/conv/pointwise_matmul.cpp",
+          "CPU; kernel volume 1; identity relation (edges exactly (i, i, 0) for every row, "
+          "so n_in == n_out); float dtypes (f16, bf16, f32, f64). Deterministic."}}}},
+     admit_conv_pointwise_matmul},
+    {{.id = RouteId::conv_gather_gemm_scatter,
+      .family = "conv",
+      .name = "gather_gemm_scatter",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 1,
+      .kernels = "cpu::conv_gather_gemm_scatter_forward cpu::conv_gather_gemm_scatter_input_grad cpu::conv_gather_gemm_scatter_weight_grad",
+      .files = {{{"src/backend/cpu/conv/gather_gemm_scatter.cpp",
+          "CPU; float dtypes (f16, bf16, f32, f64); any relation kind, any kernel volume, "
+          "any edge count. Deterministic: bitwise-identical results for the same inputs and build."}}}},
+     admit_conv_gather_gemm_scatter},
+    {{.id = RouteId::conv_implicit_gemm_sm80,
+      .family = "conv",
+      .name = "implicit_gemm_sm80",
+      .device = "cuda",
+      .tier = GpuTier::tensor_core,
+      .rank = 2,
+      .kernels = "cuda::conv_implicit_gemm_sm80_forward cuda::conv_implicit_gemm_sm80_input_grad cuda::conv_implicit_gemm_sm80_weight_grad cuda::conv_cuda_bias_grad",
+      .files = {{{"src/backend/cuda/conv/implicit_gemm_sm80.cu",
+          "CUDA device of tier tensor_core or above (sm_80+); f16 or bf16, or f32 only with "
+          "allow_tf32 (tf32 tensor cores); any relation kind, any kernel volume, any edge count, any "
+          "channel counts (tiles are guarded, no multiple-of-8 requirement; 16-byte vector copies only "
+          "when the channel counts and pointers allow, element loads otherwise). Deterministic: "
+          "bitwise-identical results for the same inputs, device and build (no float atomics; an integer "
+          "shared-memory OR builds each tile's offset mask)."}}}},
+     admit_conv_implicit_gemm_sm80},
+    {{.id = RouteId::conv_cuda_gather_gemm_scatter,
+      .family = "conv",
+      .name = "cuda_gather_gemm_scatter",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 3,
+      .kernels = "cuda::conv_cuda_gather_gemm_scatter_forward cuda::conv_cuda_gather_gemm_scatter_input_grad cuda::conv_cuda_gather_gemm_scatter_weight_grad cuda::conv_cuda_bias_grad",
+      .files = {{{"src/backend/cuda/conv/gather_gemm_scatter.cu",
+          "CUDA device (any tier, classic or above); f16, bf16 or f32 (not f64: cuBLAS has "
+          "no f32-accumulating f64 path here and the CPU routes cover f64); any relation kind, any kernel "
+          "volume, any edge count, any channel counts. f32 GEMMs use tf32 only with allow_tf32. "
+          "Deterministic: bitwise-identical results for the same inputs, device and build."}}}},
+     admit_conv_cuda_gather_gemm_scatter},
+    {{.id = RouteId::conv_reference,
+      .family = "conv",
+      .name = "reference",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 9,
+      .kernels = "cpu::conv_reference_forward cpu::conv_reference_input_grad cpu::conv_reference_weight_grad",
+      .files = {{{"src/backend/cpu/conv/reference.cpp",
+          "CPU; any float dtype (f16, bf16, f32, f64); any relation kind, any kernel volume, "
+          "any edge count (including none). Deterministic (single-threaded, fixed summation order)."}}}},
+     admit_conv_reference},
 }};
 
 }  // namespace
+
+void route_detail::conv_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kConvRoutes); }
 
 Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
   return route_detail::run_table(kConvRoutes, problem, caps, policy);

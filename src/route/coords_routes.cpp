@@ -24,11 +24,41 @@ Verdict admit_coords_cuda(const CoordsProblem& p, const DeviceCaps& caps) {
 }
 
 constexpr std::array<RouteSpec<CoordsProblem>, 2> kCoordsRoutes{{
-    {RouteId::coords_cuda, 0, admit_coords_cuda},
-    {RouteId::coords_reference, 9, admit_coords_reference},
+    {{.id = RouteId::coords_cuda,
+      .family = "coords",
+      .name = "cuda",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::coords_cuda_downsample cuda::coords_cuda_morton cuda::coords_cuda_select cuda::coords_cuda_collate cuda::coords_cuda_dense_index cuda::coords_cuda_nonzero",
+      .files = {{{"src/backend/cuda/coords/utilities.cu",
+          "CUDA (data on a cuda device, the CUDA backend built and a device present); any "
+          "int32 coordinate rows (N, 4) (downsample, crop, dense) or (N, 3|4) (Morton, sparse_collate "
+          "samples); downsample on fewer than 2^30 rows (the device coordinate table's limit); strides "
+          ">= 1; Morton values x, y, z within [-2^20, 2^20) (checked by the semantic layer); prune masks "
+          "of N bytes; dense rows inside the grid and from_dense masks of B*X*Y*Z bytes (checked by the "
+          "semantic layer); any N, including none. Deterministic: bitwise-identical results run to run, "
+          "equal to the CPU reference route."}}}},
+     admit_coords_cuda},
+    {{.id = RouteId::coords_reference,
+      .family = "coords",
+      .name = "reference",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 9,
+      .kernels = "cpu::coords_reference_downsample cpu::coords_reference_morton cpu::coords_reference_select cpu::coords_reference_collate cpu::coords_reference_dense_index cpu::coords_reference_nonzero",
+      .files = {{{"src/backend/cpu/coords/reference.cpp",
+          "CPU; any int32 coordinate rows (N, 4) (downsample, crop, dense) or (N, 3|4) "
+          "(Morton, sparse_collate samples); strides >= 1; Morton values x, y, z within [-2^20, 2^20) "
+          "(checked by the semantic layer); prune masks of N bytes; dense rows inside the grid and "
+          "from_dense masks of B*X*Y*Z bytes (checked by the semantic layer); any N, including none. "
+          "Deterministic (single-threaded, input order)."}}}},
+     admit_coords_reference},
 }};
 
 }  // namespace
+
+void route_detail::coords_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kCoordsRoutes); }
 
 Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy) {

@@ -39,12 +39,50 @@ Verdict admit_point_voxel_reference(const PointVoxelProblem& p, const DeviceCaps
 }
 
 constexpr std::array<RouteSpec<PointVoxelProblem>, 3> kPointVoxelRoutes{{
-    {RouteId::point_voxel_cuda, 0, admit_point_voxel_cuda},
-    {RouteId::point_voxel_parallel, 1, admit_point_voxel_parallel},
-    {RouteId::point_voxel_reference, 9, admit_point_voxel_reference},
+    {{.id = RouteId::point_voxel_cuda,
+      .family = "point_voxel",
+      .name = "cuda",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::voxelize_forward cuda::voxelize_backward cuda::devoxelize_forward cuda::devoxelize_backward cuda::point_voxel_map",
+      .files = {{{"src/backend/cuda/point_voxel/point_voxel.cu",
+          "CUDA device (needs_cuda: a CUDA build with a device); features of any float dtype "
+          "(f16, bf16, f32, f64); points float32 or float64; any number of points, voxels and channels "
+          "(including none); every pass (voxelize forward/backward, devoxelize forward/backward, "
+          "build_map). Deterministic: no float atomics; bitwise-identical repeated runs, and the same "
+          "per-element summation orders as the CPU routes (cpu/point_voxel/point_voxel_routes.h), with "
+          "round-to-nearest adds and multiplies (no FMA), so the results match them bit for bit."}}}},
+     admit_point_voxel_cuda},
+    {{.id = RouteId::point_voxel_parallel,
+      .family = "point_voxel",
+      .name = "parallel",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 1,
+      .kernels = "cpu::voxelize_parallel_forward cpu::voxelize_parallel_backward cpu::devoxelize_parallel_forward cpu::devoxelize_parallel_backward cpu::point_voxel_map_parallel",
+      .files = {{{"src/backend/cpu/point_voxel/parallel.cpp",
+          "CPU; features of any float dtype (f16, bf16, f32, f64); points float32 or "
+          "float64; any number of points, voxels and channels (including none). Deterministic: "
+          "bitwise-identical to the reference route for any thread count (no atomics, no races)."}}}},
+     admit_point_voxel_parallel},
+    {{.id = RouteId::point_voxel_reference,
+      .family = "point_voxel",
+      .name = "reference",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 9,
+      .kernels = "cpu::voxelize_reference_forward cpu::voxelize_reference_backward cpu::devoxelize_reference_forward cpu::devoxelize_reference_backward cpu::point_voxel_map_reference",
+      .files = {{{"src/backend/cpu/point_voxel/reference.cpp",
+          "CPU; features of any float dtype (f16, bf16, f32, f64); points float32 or "
+          "float64; any number of points, voxels and channels (including none). Deterministic "
+          "(single-threaded, fixed summation order)."}}}},
+     admit_point_voxel_reference},
 }};
 
 }  // namespace
+
+void route_detail::point_voxel_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kPointVoxelRoutes); }
 
 Explanation explain(const PointVoxelProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy) {

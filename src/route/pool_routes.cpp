@@ -69,13 +69,62 @@ Verdict admit_pool_reference(const PoolProblem& p, const DeviceCaps&) {
 }
 
 constexpr std::array<RouteSpec<PoolProblem>, 4> kPoolRoutes{{
-    {RouteId::pool_cuda_csr_reduce, 0, admit_pool_cuda_csr_reduce},
-    {RouteId::pool_input_exclusive, 0, admit_pool_input_exclusive},
-    {RouteId::pool_csr_reduce, 1, admit_pool_csr_reduce},
-    {RouteId::pool_reference, 9, admit_pool_reference},
+    {{.id = RouteId::pool_cuda_csr_reduce,
+      .family = "pool",
+      .name = "cuda_csr_reduce",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::pool_csr_reduce_forward cuda::pool_csr_reduce_input_grad",
+      .files = {{{"src/backend/cuda/pool/csr_reduce.cu",
+          "CUDA device (needs_cuda: a CUDA build with a device); any float dtype (f16, bf16, "
+          "f32, f64); any pool mode (sum, avg, max, weighted), any edge list (including none), forward "
+          "and input_grad. Deterministic: no float atomics; bitwise-identical repeated runs, and the "
+          "summation orders of the CPU routes (cpu/pool/pool_routes.h), so max and its gradient match "
+          "them bit for bit and sums agree to rounding (f32/f64 round-to-nearest adds, no FMA)."}}}},
+     admit_pool_cuda_csr_reduce},
+    {{.id = RouteId::pool_input_exclusive,
+      .family = "pool",
+      .name = "input_exclusive",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 0,
+      .kernels = "cpu::pool_input_exclusive_input_grad",
+      .files = {{{"src/backend/cpu/pool/input_exclusive.cpp",
+          "CPU; any float dtype (f16, bf16, f32, f64); any pool mode; input_grad only; every "
+          "input row has at most one edge. Admitted for forward / target relations whose windows are "
+          "disjoint (stride >= (size-1)*dilation + 1 on every axis) and for global pooling (each row "
+          "belongs to one batch). Deterministic, and equal to the reference route."}}}},
+     admit_pool_input_exclusive},
+    {{.id = RouteId::pool_csr_reduce,
+      .family = "pool",
+      .name = "csr_reduce",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 1,
+      .kernels = "cpu::pool_csr_reduce_forward cpu::pool_csr_reduce_input_grad",
+      .files = {{{"src/backend/cpu/pool/csr_reduce.cpp",
+          "CPU; any float dtype (f16, bf16, f32, f64); any pool mode (sum, avg, max, "
+          "weighted), any edge list (including none), forward and input_grad. Deterministic: "
+          "bitwise-identical results for any thread count, and equal to the reference route."}}}},
+     admit_pool_csr_reduce},
+    {{.id = RouteId::pool_reference,
+      .family = "pool",
+      .name = "reference",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 9,
+      .kernels = "cpu::pool_reference_forward cpu::pool_reference_input_grad",
+      .files = {{{"src/backend/cpu/pool/reference.cpp",
+          "CPU; any float dtype (f16, bf16, f32, f64); any pool mode (sum, avg, max, "
+          "weighted), any edge list (including none), forward and input_grad. Deterministic "
+          "(single-threaded, fixed order)."}}}},
+     admit_pool_reference},
 }};
 
 }  // namespace
+
+void route_detail::pool_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kPoolRoutes); }
 
 Explanation explain(const PoolProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
   return route_detail::run_table(kPoolRoutes, problem, caps, policy);

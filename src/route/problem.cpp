@@ -21,23 +21,6 @@ std::string to_string(const QuantizeProblem& p) {
          " on " + to_string(p.device);
 }
 
-std::string_view to_string(PointReduction r) {
-  switch (r) {
-    case PointReduction::sum: return "sum";
-    case PointReduction::mean: return "mean";
-    case PointReduction::max: return "max";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(PointVoxelMode m) {
-  switch (m) {
-    case PointVoxelMode::nearest: return "nearest";
-    case PointVoxelMode::trilinear: return "trilinear";
-  }
-  return "unknown";
-}
-
 std::string_view to_string(PointVoxelPass p) {
   switch (p) {
     case PointVoxelPass::forward: return "forward";
@@ -52,16 +35,6 @@ std::string to_string(const PointVoxelProblem& p) {
          ": " + std::string(to_string(p.dtype)) + " on " + to_string(p.device) +
          ", P=" + std::to_string(p.n_points) + " M=" + std::to_string(p.n_voxels) +
          " C=" + std::to_string(p.channels) + " pairs=" + std::to_string(p.n_pairs);
-}
-
-std::string_view to_string(PoolMode m) {
-  switch (m) {
-    case PoolMode::sum: return "sum";
-    case PoolMode::avg: return "avg";
-    case PoolMode::max: return "max";
-    case PoolMode::weighted: return "weighted";
-  }
-  return "unknown";
 }
 
 std::string_view to_string(PoolPass p) {
@@ -95,28 +68,6 @@ std::string to_string(const PoolProblem& p) {
        " edges=" + std::to_string(p.n_edges) + " (" + avg + " per output row)";
   if (!p.deterministic) s += ", non-deterministic allowed";
   return s;
-}
-
-std::string_view to_string(Join j) {
-  switch (j) {
-    case Join::inner: return "inner";
-    case Join::left: return "left";
-    case Join::right: return "right";
-    case Join::outer: return "outer";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(AlgebraOp op) {
-  switch (op) {
-    case AlgebraOp::add: return "add";
-    case AlgebraOp::sub: return "sub";
-    case AlgebraOp::mul: return "mul";
-    case AlgebraOp::maximum: return "maximum";
-    case AlgebraOp::minimum: return "minimum";
-    case AlgebraOp::cat: return "cat";
-  }
-  return "unknown";
 }
 
 std::string_view to_string(AlgebraPass pass) {

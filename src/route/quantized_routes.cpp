@@ -66,12 +66,55 @@ Verdict admit_dequant_reference(const QuantizedProblem& p, const DeviceCaps& cap
 }
 
 constexpr std::array<RouteSpec<QuantizedProblem>, 3> kQuantizedRoutes{{
-    {RouteId::quantized_cuda_dequant_gemm, 0, admit_cuda_dequant_gemm},
-    {RouteId::quantized_fused_dequant_gemm, 0, admit_fused_dequant_gemm},
-    {RouteId::quantized_dequant_reference, 9, admit_dequant_reference},
+    {{.id = RouteId::quantized_cuda_dequant_gemm,
+      .family = "quantized",
+      .name = "cuda_dequant_gemm",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::quantized_cuda_dequant_gemm_forward",
+      .files = {{{"src/backend/cuda/quantized/dequant_gemm.cu",
+          "CUDA device (any tier, classic or above); float32, float16 or bfloat16 "
+          "activations; any relation kind (and linear: rows times W, no relation), any kernel volume, any "
+          "edge count (n_out = 0 and rows without edges included), any channel counts (tiles guarded, no "
+          "multiple-of-tile or multiple-of-group requirement); bits 4 / 8, group 32 / 64 / 128, scales "
+          "f16 / bf16 / f32. Forward only. Deterministic: bitwise-identical results for the same inputs, "
+          "device and build (no atomics)."}}}},
+     admit_cuda_dequant_gemm},
+    {{.id = RouteId::quantized_fused_dequant_gemm,
+      .family = "quantized",
+      .name = "fused_dequant_gemm",
+      .device = "cpu",
+      .tier = GpuTier::none,
+      .rank = 0,
+      .kernels = "cpu::quantized_fused_dequant_gemm_forward",
+      .files = {{{"src/backend/cpu/quantized/fused_dequant_gemm.cpp",
+          "CPU; float32, float16 or bfloat16 activations; a BLAS library in the build; any "
+          "relation kind (and linear: rows times W, no relation), any kernel volume, bits 4 / 8, group 32 / "
+          "64 / 128, scales f16 / bf16 / f32. Forward only. Deterministic."}}}},
+     admit_fused_dequant_gemm},
+    {{.id = RouteId::quantized_dequant_reference,
+      .family = "quantized",
+      .name = "dequant_reference",
+      .device = "cpu, cuda",
+      .tier = GpuTier::classic,
+      .rank = 9,
+      .kernels = "cpu::quantized_dequantize_reference cuda::quantized_cuda_dequantize",
+      .files = {{{"src/backend/cpu/quantized/dequant_reference.cpp",
+          "CPU (this file; CUDA data: src/backend/cuda/quantized/dequant_reference.cu); any "
+          "float activation dtype (f16, bf16, f32, f64); any relation kind and linear; bits 4 / 8, group "
+          "32 / 64 / 128, scales f16 / bf16 / f32. Deterministic."},
+         {"src/backend/cuda/quantized/dequant_reference.cu",
+          "CUDA device (any tier, classic or above); f32, f16 or bf16 activations as a route "
+          "(the float CUDA conv routes that run next have no f64; the decoder itself also writes f64 for "
+          "dequantize_kernel_major); any relation kind and linear; bits 4 / 8, group 32 / 64 / 128, scales "
+          "f16 / bf16 / f32. Deterministic (elementwise, no atomics)."}}}},
+     admit_dequant_reference},
 }};
 
 }  // namespace
+
+void route_detail::quantized_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kQuantizedRoutes); }
 
 Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
   return route_detail::run_table(kQuantizedRoutes, problem, caps, policy);

@@ -1,80 +1,80 @@
-// Route vocabulary and the rendering of explanations. Each op family's table lives in its own
-// file (conv_routes.cpp, quantize_routes.cpp, ...); select() == explain().chosen by construction.
+// Route vocabulary (all of it derived from the family tables' rows) and the rendering of
+// explanations. Each op family's table lives in its own file (conv_routes.cpp,
+// quantize_routes.cpp, ...); select() == explain().chosen by construction.
 #include "lattice/route/route.h"
 
+#include <algorithm>
 #include <cstdio>
+
+#include "route/route_table.h"
 
 namespace lattice {
 
-std::string_view to_string(RouteId id) {
-  switch (id) {
-    case RouteId::conv_reference: return "reference";
-    case RouteId::conv_pointwise_matmul: return "pointwise_matmul";
-    case RouteId::conv_gather_gemm_scatter: return "gather_gemm_scatter";
-    case RouteId::quantize_reference: return "reference";
-    case RouteId::point_voxel_reference: return "reference";
-    case RouteId::point_voxel_parallel: return "parallel";
-    case RouteId::pool_reference: return "reference";
-    case RouteId::pool_csr_reduce: return "csr_reduce";
-    case RouteId::pool_input_exclusive: return "input_exclusive";
-    case RouteId::algebra_reference: return "reference";
-    case RouteId::algebra_hashed: return "hashed";
-    case RouteId::coords_reference: return "reference";
-    case RouteId::conv_cuda_gather_gemm_scatter: return "cuda_gather_gemm_scatter";
-    case RouteId::conv_implicit_gemm_sm80: return "implicit_gemm_sm80";
-    case RouteId::quantize_cuda: return "cuda";
-    case RouteId::point_voxel_cuda: return "cuda";
-    case RouteId::pool_cuda_csr_reduce: return "cuda_csr_reduce";
-    case RouteId::algebra_cuda_hashed: return "cuda_hashed";
-    case RouteId::coords_cuda: return "cuda";
-    case RouteId::quantized_dequant_reference: return "dequant_reference";
-    case RouteId::quantized_fused_dequant_gemm: return "fused_dequant_gemm";
-    case RouteId::quantized_cuda_dequant_gemm: return "cuda_dequant_gemm";
-  }
-  return "unknown";
+const std::vector<RouteInfo>& route_table() {
+  static const std::vector<RouteInfo> rows = [] {
+    std::vector<RouteInfo> all;
+    for (auto family : {route_detail::conv_route_infos, route_detail::quantize_route_infos,
+                        route_detail::point_voxel_route_infos, route_detail::pool_route_infos,
+                        route_detail::algebra_route_infos, route_detail::coords_route_infos,
+                        route_detail::quantized_route_infos}) {
+      std::vector<RouteInfo> rows;
+      family(rows);
+      std::stable_sort(rows.begin(), rows.end(),
+                       [](const RouteInfo& a, const RouteInfo& b) { return a.rank < b.rank; });
+      all.insert(all.end(), rows.begin(), rows.end());
+    }
+    return all;
+  }();
+  return rows;
 }
 
-std::string_view op_family(RouteId id) {
-  switch (id) {
-    case RouteId::conv_reference:
-    case RouteId::conv_pointwise_matmul:
-    case RouteId::conv_gather_gemm_scatter:
-    case RouteId::conv_cuda_gather_gemm_scatter:
-    case RouteId::conv_implicit_gemm_sm80: return "conv";
-    case RouteId::quantize_reference:
-    case RouteId::quantize_cuda: return "quantize";
-    case RouteId::point_voxel_reference:
-    case RouteId::point_voxel_parallel:
-    case RouteId::point_voxel_cuda: return "point_voxel";
-    case RouteId::pool_reference:
-    case RouteId::pool_csr_reduce:
-    case RouteId::pool_input_exclusive:
-    case RouteId::pool_cuda_csr_reduce: return "pool";
-    case RouteId::algebra_reference:
-    case RouteId::algebra_hashed:
-    case RouteId::algebra_cuda_hashed: return "algebra";
-    case RouteId::coords_reference:
-    case RouteId::coords_cuda: return "coords";
-    case RouteId::quantized_dequant_reference:
-    case RouteId::quantized_fused_dequant_gemm:
-    case RouteId::quantized_cuda_dequant_gemm: return "quantized";
-  }
-  return "unknown";
+const RouteInfo& route_info(RouteId id) {
+  // Indexed by the enum value; every RouteId has exactly one row (tests/cpp/test_route.cpp).
+  static const std::vector<const RouteInfo*> by_id = [] {
+    std::vector<const RouteInfo*> v;
+    for (const auto& r : route_table()) {
+      const auto i = static_cast<std::size_t>(r.id);
+      if (v.size() <= i) v.resize(i + 1, nullptr);
+      v[i] = &r;
+    }
+    return v;
+  }();
+  static const RouteInfo unknown{id, "unknown", "unknown", "", GpuTier::none, 0, "", {}};
+  const auto i = static_cast<std::size_t>(id);
+  return i < by_id.size() && by_id[i] ? *by_id[i] : unknown;
 }
+
+std::vector<std::string_view> route_families() {
+  std::vector<std::string_view> out;
+  for (const auto& r : route_table())
+    if (std::find(out.begin(), out.end(), r.family) == out.end()) out.push_back(r.family);
+  return out;
+}
+
+std::vector<std::string_view> route_names(std::string_view family) {
+  std::vector<std::string_view> out;
+  for (const auto& r : route_table())
+    if (r.family == family) out.push_back(r.name);
+  return out;
+}
+
+std::string route_name_list(std::string_view family) {
+  const auto names = route_names(family);
+  std::string s = names.size() > 2 ? "one of " : "";
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i) s += names.size() == 2 ? " or " : ", ";
+    s.append("'").append(names[i]).append("'");
+  }
+  return s;
+}
+
+std::string_view to_string(RouteId id) { return route_info(id).name; }
+
+std::string_view op_family(RouteId id) { return route_info(id).family; }
 
 std::optional<RouteId> route_from_string(std::string_view family, std::string_view name) {
-  for (RouteId id : {RouteId::conv_reference, RouteId::conv_pointwise_matmul,
-                     RouteId::conv_gather_gemm_scatter, RouteId::quantize_reference,
-                     RouteId::point_voxel_reference, RouteId::point_voxel_parallel,
-                     RouteId::pool_reference, RouteId::pool_csr_reduce, RouteId::pool_input_exclusive,
-                     RouteId::algebra_reference, RouteId::algebra_hashed, RouteId::coords_reference,
-                     RouteId::conv_cuda_gather_gemm_scatter, RouteId::conv_implicit_gemm_sm80,
-                     RouteId::quantize_cuda, RouteId::point_voxel_cuda, RouteId::pool_cuda_csr_reduce,
-                     RouteId::algebra_cuda_hashed, RouteId::coords_cuda,
-                     RouteId::quantized_dequant_reference, RouteId::quantized_fused_dequant_gemm,
-                     RouteId::quantized_cuda_dequant_gemm}) {
-    if (op_family(id) == family && to_string(id) == name) return id;
-  }
+  for (const auto& r : route_table())
+    if (r.family == family && r.name == name) return r.id;
   return std::nullopt;
 }
 
@@ -109,6 +109,15 @@ std::string Explanation::to_string() const {
     s += "\n";
   }
   if (!chosen) s += "  no route admitted\n";
+  for (const auto& stage : stages) {
+    s += "  then:\n";
+    const std::string inner = stage.to_string();
+    for (std::size_t at = 0; at < inner.size();) {
+      const std::size_t end = inner.find('\n', at);
+      s += "    " + inner.substr(at, end == std::string::npos ? std::string::npos : end - at + 1);
+      at = end == std::string::npos ? inner.size() : end + 1;
+    }
+  }
   return s;
 }
 

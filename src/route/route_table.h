@@ -5,17 +5,34 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <vector>
 
 #include "lattice/route/route.h"
 
 namespace lattice::route_detail {
 
+// A family's table row: the route's declaration (RouteInfo: everything names, parsing, docs and
+// tests read) next to its admit() predicate.
 template <class Problem>
 struct RouteSpec {
-  RouteId id;
-  int rank;  // lower is preferred
+  RouteInfo info;
   Verdict (*admit)(const Problem&, const DeviceCaps&);
 };
+
+// Appends a family table's declarations to `out` (route_table() collects every family this way).
+template <class Problem, std::size_t N>
+void append_infos(std::vector<RouteInfo>& out, const std::array<RouteSpec<Problem>, N>& table) {
+  for (const auto& spec : table) out.push_back(spec.info);
+}
+
+// Each family's table file defines one of these (route.cpp lists them, in table order).
+void conv_route_infos(std::vector<RouteInfo>& out);
+void quantize_route_infos(std::vector<RouteInfo>& out);
+void point_voxel_route_infos(std::vector<RouteInfo>& out);
+void pool_route_infos(std::vector<RouteInfo>& out);
+void algebra_route_infos(std::vector<RouteInfo>& out);
+void coords_route_infos(std::vector<RouteInfo>& out);
+void quantized_route_infos(std::vector<RouteInfo>& out);
 
 inline Verdict needs_cpu(const Device& device) {
   if (!device.is_cpu()) return Verdict::no("runs on cpu; the data is on " + to_string(device));
@@ -47,7 +64,7 @@ Explanation run_table(const std::array<RouteSpec<Problem>, N>& table, const Prob
   e.problem = to_string(problem);
   e.caps = to_string(caps);
   e.forced = policy.force;
-  for (const auto& spec : table) e.rows.push_back({spec.id, spec.rank, spec.admit(problem, caps)});
+  for (const auto& spec : table) e.rows.push_back({spec.info.id, spec.info.rank, spec.admit(problem, caps)});
   std::stable_sort(e.rows.begin(), e.rows.end(),
                    [](const RouteRow& a, const RouteRow& b) { return a.rank < b.rank; });
   if (policy.force) {

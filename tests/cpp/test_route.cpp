@@ -420,5 +420,52 @@ TEST(RouteQuantize, ForcedRoutes) {
   EXPECT_TRUE(contains(e.forced_reason, "is not a route of sparse_quantize")) << e.forced_reason;
 }
 
+
+// The route table (route_table(), RouteInfo) is the one declaration of every route: each RouteId
+// has exactly one row, names are unique within a family, and the derived helpers (names,
+// families, the "expected ..." list of the bindings) read those rows.
+TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
+  const auto& rows = route_table();
+  // RouteId values are contiguous from 0; the last one declared closes the range.
+  const int n_ids = static_cast<int>(RouteId::quantized_cuda_dequant_gemm) + 1;
+  EXPECT_EQ(rows.size(), static_cast<std::size_t>(n_ids));
+  for (int i = 0; i < n_ids; ++i) {
+    const auto id = static_cast<RouteId>(i);
+    int n = 0;
+    for (const auto& r : rows) n += r.id == id;
+    EXPECT_EQ(n, 1) << to_string(id);
+    EXPECT_EQ(route_info(id).id, id);
+    EXPECT_FALSE(route_info(id).files[0].path.empty()) << to_string(id);
+    EXPECT_FALSE(route_info(id).files[0].constraints.empty()) << to_string(id);
+    EXPECT_FALSE(route_info(id).kernels.empty()) << to_string(id);
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t j = i + 1; j < rows.size(); ++j)
+      EXPECT_FALSE(rows[i].family == rows[j].family && rows[i].name == rows[j].name)
+          << rows[i].family << ":" << rows[i].name << " declared twice";
+}
+
+TEST(RouteTable, FamiliesAndNamesComeFromTheRows) {
+  const auto families = route_families();
+  const std::vector<std::string_view> expected{"conv", "quantize", "point_voxel", "pool",
+                                               "algebra", "coords", "quantized"};
+  EXPECT_EQ(families, expected);
+  // Rank order within a family, CUDA routes included (the old hand-written lists omitted them).
+  const std::vector<std::string_view> conv{"pointwise_matmul", "gather_gemm_scatter", "implicit_gemm_sm80",
+                                           "cuda_gather_gemm_scatter", "reference"};
+  EXPECT_EQ(route_names("conv"), conv);
+  EXPECT_TRUE(route_names("no_such_family").empty());
+  EXPECT_EQ(route_name_list("conv"),
+            "one of 'pointwise_matmul', 'gather_gemm_scatter', 'implicit_gemm_sm80', "
+            "'cuda_gather_gemm_scatter', 'reference'");
+  EXPECT_EQ(route_name_list("coords"), "'cuda' or 'reference'");
+  EXPECT_EQ(route_name_list("no_such_family"), "");
+  for (const auto& r : route_table()) {
+    EXPECT_EQ(op_family(r.id), r.family);
+    EXPECT_EQ(to_string(r.id), r.name);
+    EXPECT_EQ(r.device == "cpu", r.tier == GpuTier::none) << r.family << ":" << r.name;
+  }
+}
+
 }  // namespace
 }  // namespace lattice

@@ -11,6 +11,7 @@ import torch
 import lattice
 import oracle
 from lattice import ops
+from lattice.routes import route_names
 from oracle import algebra as OA
 from conftest import random_coords
 
@@ -18,7 +19,7 @@ OPS = ["sparse_add", "sparse_sub", "sparse_mul", "sparse_maximum", "sparse_minim
 COMBINE = {"sparse_add": "add", "sparse_sub": "sub", "sparse_mul": "mul", "sparse_maximum": "maximum",
            "sparse_minimum": "minimum", "sparse_cat_aligned": "cat"}
 JOINS = ["inner", "left", "right", "outer"]
-ROUTES = ["hashed", "reference"]
+ROUTES = route_names("algebra", device="cpu")  # ["hashed", "reference"], from the route table
 TORCH_DTYPE = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -419,7 +420,7 @@ def test_sparse_op_rejects_a_fill_that_is_not_a_number():
 def test_sparse_op_rejects_an_unknown_route():
     a = lattice.SparseTensor(torch.tensor([[0, 1, 2, 3]]), torch.ones(1, 2))
     b = lattice.SparseTensor(torch.tensor([[0, 1, 2, 4]]), torch.ones(1, 2))
-    with pytest.raises(ValueError, match=r"^\[sparse_add\] route: expected 'hashed' or 'reference', got 'fast'$"):
+    with pytest.raises(ValueError, match=r"^\[sparse_add\] route: expected one of 'hashed', 'cuda_hashed', 'reference', got 'fast'$"):
         ops.sparse_add(a, b, route="fast")
 
 

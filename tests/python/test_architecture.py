@@ -20,12 +20,13 @@ The rules live in tests/python/archcheck.py (also a script: ``python3 tests/pyth
 The last tests inject each of the six violations that walked around the old direct-include scan
 (issue 20) into a copy of this tree and show that the check fails and names the file.
 
-Where the tree and DESIGN.md differ, the check follows the tree and says so here: DESIGN's table
-gives the backend "core, shared index/geometry math" only, but the backends reach the route
-layer's vocabulary headers (lattice/route/caps.h, problem.h) through backend/args.h and the
-caps headers, and liblattice_backend_cuda.a calls lattice::tier_for_sm from liblattice_route.a
-(docs/architecture.md lists neither). The check allows the backends route headers and does not
-judge backend -> route symbols; everything else is DESIGN's rule.
+The tree follows DESIGN's rule: the vocabulary that the backends share with the route layer
+(device capabilities, the pool / point / algebra enums) lives in core (lattice/core/caps.h,
+vocab.h), so no backend reaches a route header and liblattice_backend_cuda.a calls
+lattice::tier_for_sm from liblattice_core.a. CMakeLists.txt enforces the same sets when compiling
+(each layer sees only its include view; ctest layer_view_* proves an include against the
+direction fails to compile); this scan also catches what a view cannot (relative includes,
+transitive reach through an allowed header, symbols).
 """
 from __future__ import annotations
 
@@ -66,25 +67,52 @@ def constraints_violations(root: Path) -> list[str]:
     return out
 
 
-def route_id_file_violations(root: Path) -> list[str]:
-    """Each RouteId names its implementation file in a comment, and that file exists."""
-    header = root / "include" / "lattice" / "route" / "route.h"
-    out = []
-    lines = header.read_text().splitlines()
-    start = next(n for n, t in enumerate(lines) if re.match(r"\s*enum class RouteId\b", t))
-    for n in range(start + 1, len(lines)):
-        text = lines[n]
-        if text.strip().startswith("}"):
+# A row's kernel file in src/route/<family>_routes.cpp: {"src/backend/...", "text" "text" ...}.
+_ROW_FILE = re.compile(r'\{"(src/backend/[^"]+)",\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\}')
+_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def row_files(root: Path) -> dict[str, tuple[str, str]]:
+    """The kernel files the route rows declare: path -> (constraints text, where the row is)."""
+    out = {}
+    for f in sorted((root / "src" / "route").glob("*_routes.cpp")):
+        text = f.read_text(errors="replace")
+        for m in _ROW_FILE.finditer(text):
+            literal = "".join(_LITERAL.findall(m.group(2))).replace('\\"', '"').replace("\\\\", "\\")
+            out[m.group(1)] = (literal, f"{A.rel(root, f)}:{text.count(chr(10), 0, m.start()) + 1}")
+    return out
+
+
+def constraints_paragraph(path: Path) -> str:
+    """The text after ``// Constraints:`` up to the first empty comment line (or code), one line."""
+    lines = path.read_text(errors="replace").splitlines()
+    if not lines or not re.match(r"^\s*//\s*Constraints:", lines[0]):
+        return ""
+    words = [lines[0].split("Constraints:", 1)[1].strip()]
+    for t in lines[1:]:
+        if not t.startswith("//") or t.strip() == "//":
             break
-        m = re.match(r"\s*(\w+)\s*(?:=\s*\w+\s*)?,?\s*(?://\s*(\S+))?", text)
-        if not m or not m.group(1):
+        words.append(t[2:].strip())
+    return " ".join(w for w in words if w)
+
+
+def route_row_violations(root: Path) -> list[str]:
+    """Each route is declared once, in its row: every file a row names exists and opens with the
+    row's constraints text, and every route file is named by a row."""
+    rows = row_files(root)
+    out = []
+    for path, (constraints, where) in rows.items():
+        f = root / path
+        if not f.is_file():
+            out.append(f"{where}: the row names {path}, which does not exist")
             continue
-        path = m.group(2)
-        where = f"{A.rel(root, header)}:{n + 1}: RouteId::{m.group(1)}"
-        if not path:
-            out.append(f"{where} names no implementation file (expected '// src/backend/...')")
-        elif not (root / path).is_file():
-            out.append(f"{where} names {path}, which does not exist")
+        header = constraints_paragraph(f)
+        if " ".join(constraints.split()) != header:
+            out.append(f"{path}:1: the Constraints: header differs from its row ({where}):\n"
+                       f"      header: {header!r}\n      row:    {' '.join(constraints.split())!r}")
+    for f in route_files(root):
+        if A.rel(root, f) not in rows:
+            out.append(f"{A.rel(root, f)}:1: route file named by no row in src/route/*_routes.cpp")
     return out
 
 
@@ -192,9 +220,11 @@ def test_every_route_file_opens_with_its_constraints() -> None:
     assert not found, _report(found, "route files open with a 'Constraints:' comment matching admit()")
 
 
-def test_every_route_id_names_an_existing_file() -> None:
-    found = route_id_file_violations(REPO)
-    assert not found, _report(found, "RouteId comments name the route's file")
+def test_every_route_file_matches_its_row() -> None:
+    """The rows of src/route/*_routes.cpp and the route files agree (file, Constraints: text)."""
+    assert len(row_files(REPO)) >= 20, row_files(REPO)  # not vacuous: the row parser finds the rows
+    found = route_row_violations(REPO)
+    assert not found, _report(found, "each route file is its row's file, with the row's constraints text")
 
 
 def test_binding_files_are_named_by_family() -> None:
@@ -210,10 +240,12 @@ def bad_tree(tmp_path: Path) -> Path:
     files = {
         "include/lattice/core/array.h": '#include <vector>\n#include "lattice/route/caps.h"\n',
         "include/lattice/route/caps.h": '#pragma once\n#include "lattice/core/array.h"\n',
-        "include/lattice/route/route.h": (
-            "enum class RouteId {\n  conv_reference,  // src/backend/cpu/conv/reference.cpp\n"
-            "  conv_fast,  // src/backend/cpu/conv/fast_sm80.cu\n  conv_orphan,\n};\n"
+        "src/route/conv_routes.cpp": (
+            '    {.files = {{{"src/backend/cpu/conv/reference.cpp",\n          "CPU."}}}},\n'
+            '    {.files = {{{"src/backend/cpu/conv/fast_sm80.cu",\n          "CUDA."}}}},\n'
+            '    {.files = {{{"src/backend/cpu/conv/slow.cpp",\n          "CPU; " "slow."}}}},\n'
         ),
+        "src/backend/cpu/conv/slow.cpp": "// Constraints: CPU; fast.\n",
         "include/lattice/ops/conv.h": '#include "backend/kernel_table.h"\n',
         "src/route/route.cpp": '#include "lattice/route/route.h"\n#include "lattice/tensor/relation.h"\n#include <omp.h>\n',
         "src/core/array.cpp": '#include <string>\n#include "backend/kernel_table.h"\n',
@@ -262,8 +294,12 @@ def test_checks_report_each_violation_with_file_and_line(bad_tree: Path) -> None
     assert where(A.oracle_import_violations(bad_tree)) == [
         "tests/oracle/bad.py:1", "tests/oracle/bad.py:2", "tests/oracle/bad.py:3", "tests/oracle/bad.py:6"]
     assert where(constraints_violations(bad_tree)) == ["src/backend/cpu/conv/fast.cpp:1", "src/backend/cuda/conv/tiled.cu:1"]
-    assert where(route_id_file_violations(bad_tree)) == [
-        "include/lattice/route/route.h:3", "include/lattice/route/route.h:4"]
+    assert where(route_row_violations(bad_tree)) == [
+        "src/backend/cpu/conv/fast.cpp:1",  # a route file no row names
+        "src/backend/cpu/conv/slow.cpp:1",  # the header says "fast.", the row "slow."
+        "src/backend/cuda/conv/tiled.cu:1",  # a route file no row names
+        "src/route/conv_routes.cpp:3",  # the row names a file that does not exist
+    ]
     assert where(binding_name_violations(bad_tree)) == [
         "python/bindings/bind_pool.cpp:1", "python/bindings/conv_bindings.cpp:1"]
 

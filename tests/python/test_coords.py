@@ -11,10 +11,11 @@ import torch
 import lattice
 import oracle
 from lattice import ops
+from lattice.routes import route_names
 from oracle import algebra as OA
 from conftest import random_coords
 
-ROUTES = ["hashed", "reference"]
+ROUTES = route_names("algebra", device="cpu")  # set ops run the algebra routes: ["hashed", "reference"]
 
 
 def _sets(rng, n=80):
@@ -102,7 +103,7 @@ def test_lookup_rejects_a_coords_argument_that_is_not_a_tensor():
 
 def test_set_operation_rejects_an_unknown_route():
     c = torch.zeros(1, 4, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"^\[union_coords\] route: expected 'hashed' or 'reference', got 'x'$"):
+    with pytest.raises(ValueError, match=r"^\[union_coords\] route: expected one of 'hashed', 'cuda_hashed', 'reference', got 'x'$"):
         ops.union_coords(c, c + 1, route="x")
 
 
@@ -141,7 +142,7 @@ def test_downsample_coords_rejects_a_non_positive_stride():
 
 
 def test_downsample_coords_rejects_an_unknown_route():
-    with pytest.raises(ValueError, match=r"^\[downsample_coords\] route: expected 'reference', got 'hashed'$"):
+    with pytest.raises(ValueError, match=r"^\[downsample_coords\] route: expected 'cuda' or 'reference', got 'hashed'$"):
         ops.downsample_coords(torch.zeros(1, 4, dtype=torch.int32), 2, route="hashed")
 
 

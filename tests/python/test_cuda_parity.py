@@ -39,6 +39,7 @@ import torch
 
 import cuda_admission as adm
 import lattice
+from lattice.routes import route_names
 import oracle
 from conftest import random_coords
 from lattice import ops
@@ -52,12 +53,13 @@ CPU = torch.device("cpu")
 DTYPES = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
           "f64": torch.float64}
 
-CONV_ROUTES = ("cuda_gather_gemm_scatter", "implicit_gemm_sm80")
-POOL_ROUTES = ("cuda_csr_reduce",)
-ALGEBRA_ROUTES = ("cuda_hashed",)
-COORDS_ROUTES = ("cuda",)
-QUANTIZE_ROUTES = ("cuda",)
-POINT_VOXEL_ROUTES = ("cuda",)
+# The CUDA routes of each family, from the route table's rows (src/route/<family>_routes.cpp).
+CONV_ROUTES = tuple(route_names("conv", device="cuda"))  # implicit_gemm_sm80, cuda_gather_gemm_scatter
+POOL_ROUTES = tuple(route_names("pool", device="cuda"))  # cuda_csr_reduce
+ALGEBRA_ROUTES = tuple(route_names("algebra", device="cuda"))  # cuda_hashed
+COORDS_ROUTES = tuple(route_names("coords", device="cuda"))  # cuda
+QUANTIZE_ROUTES = tuple(route_names("quantize", device="cuda"))  # cuda
+POINT_VOXEL_ROUTES = tuple(route_names("point_voxel", device="cuda"))  # cuda
 
 
 def pick(full: Sequence[Any], reduced: Sequence[Any]) -> list:

@@ -13,11 +13,12 @@ import lattice
 import oracle
 from lattice import SparseTensor, ops
 from lattice._core import core, to_core
+from lattice.routes import route_names
 from oracle import point_voxel as pvo
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 REDUCTIONS = ["sum", "mean", "max"]
-ROUTES = ["parallel", "reference"]
+ROUTES = route_names("point_voxel", device="cpu")  # ["parallel", "reference"], from the route table
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -480,7 +481,7 @@ def test_voxelize_voxel_index_outside_int32_raises_value_error():
 
 
 def test_voxelize_unknown_route_raises_value_error():
-    with pytest.raises(ValueError, match=r"^\[voxelize\] route: expected 'parallel' or 'reference', got 'fast'"):
+    with pytest.raises(ValueError, match=r"^\[voxelize\] route: expected one of 'cuda', 'parallel', 'reference', got 'fast'"):
         ops.voxelize(torch.zeros(2, 3), torch.zeros(2, 1), 1.0, route="fast")
 
 
@@ -563,7 +564,7 @@ def test_build_point_voxel_map_duplicate_voxel_rows_raise_value_error():
 
 
 def test_build_point_voxel_map_unknown_route_raises_value_error():
-    with pytest.raises(ValueError, match=r"^\[build_point_voxel_map\] route: expected 'parallel' or 'reference', got 'gpu'"):
+    with pytest.raises(ValueError, match=r"^\[build_point_voxel_map\] route: expected one of 'cuda', 'parallel', 'reference', got 'gpu'"):
         ops.build_point_voxel_map(torch.zeros(2, 3), _v(), voxel_size=1.0, route="gpu")
 
 
@@ -586,7 +587,7 @@ def test_devoxelize_map_of_other_coordinates_raises_value_error():
 def test_devoxelize_unknown_route_raises_value_error():
     v = _v()
     m = ops.build_point_voxel_map(torch.zeros(2, 3), v, voxel_size=1.0)
-    with pytest.raises(ValueError, match=r"^\[devoxelize\] route: expected 'parallel' or 'reference', got 'x'"):
+    with pytest.raises(ValueError, match=r"^\[devoxelize\] route: expected one of 'cuda', 'parallel', 'reference', got 'x'"):
         ops.devoxelize(v, m, route="x")
 
 

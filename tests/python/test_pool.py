@@ -618,7 +618,7 @@ def test_max_pool3d_route_not_str_raises_type_error(x):
 
 
 def test_max_pool3d_unknown_route_raises_value_error(x):
-    with pytest.raises(ValueError, match=r"^\[max_pool3d\] route: expected one of 'reference', 'csr_reduce', 'input_exclusive', got 'fast'"):
+    with pytest.raises(ValueError, match=r"^\[max_pool3d\] route: expected one of 'cuda_csr_reduce', 'input_exclusive', 'csr_reduce', 'reference', got 'fast'$"):
         ops.max_pool3d(x, 2, route="fast")
 
 

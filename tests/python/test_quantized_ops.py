@@ -18,8 +18,9 @@ import lattice
 import lattice.nn as lnn
 from lattice import QuantizedWeight, dequantize_weight, quantize_weight
 from lattice.ops import quantized as Q
+from lattice.routes import route_names
 
-ROUTES = ["fused_dequant_gemm", "dequant_reference"]
+ROUTES = route_names("quantized", device="cpu")  # ["fused_dequant_gemm", "dequant_reference"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # relation kind -> (op, kernel size, kwargs, input: "fine" or "coarse", target: None / "fine" / "coarse")
 KINDS = {
@@ -232,6 +233,24 @@ def test_explain_lists_both_quantized_routes_and_forced_route():
     _close(y.feats, lattice.ops.subm_conv3d(x64, dequantize_weight(q).double()).feats, torch.float32)
 
 
+def test_explain_dequant_reference_shows_the_float_route_it_runs_next():
+    """explain() is the whole decision: dequant_reference decodes W and then runs a float conv
+    route; that second choice is the explanation's next stage (the conv table, with its reasons),
+    and the other quantized routes, which run no float route, have no stage."""
+    fine, _ = _tensors(C_IN, seed=45)
+    q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 46), bits=4)
+    assert lattice.explain("subm_conv3d", fine, q).stages == []
+    e = lattice.explain("subm_conv3d", fine, q, route="dequant_reference")
+    (stage,) = e.stages
+    assert [r["route"] for r in stage.rows] == route_names("conv")
+    expected = lattice.explain("subm_conv3d", fine, dequantize_weight(q), kernel_size=3).chosen
+    assert stage.chosen == expected and stage.chosen in route_names("conv", device="cpu")
+    assert "pointwise_matmul" in str(e).split("then:")[1] and "needs kernel volume 1, got 27" in str(e)
+    ql = quantize_weight(torch.randn(C_OUT, C_IN), bits=8)
+    (lin,) = lattice.explain("linear", fine, ql, route="dequant_reference").stages
+    assert lin.chosen == "pointwise_matmul"  # linear's float route: the identity relation of volume 1
+
+
 def test_force_route_environment_variable(monkeypatch):
     fine, _ = _tensors(C_IN, seed=43)
     q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 44), bits=4)
@@ -379,9 +398,8 @@ def test_quantized_validation_errors():
         lattice.ops.subm_conv3d(narrow, q5)
     with pytest.raises(ValueError, match=r"\[linear\] weight: expected logical shape \(C_out, C_in=16\), got \(24, 40\)"):
         lattice.ops.linear(narrow, ql)
-    with pytest.raises(ValueError, match=r"\[subm_conv3d\] route: expected one of 'fused_dequant_gemm', "
-                                         r"'cuda_dequant_gemm', 'dequant_reference' for a QuantizedWeight, "
-                                         r"got 'reference'"):
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] route: expected one of 'cuda_dequant_gemm', "
+                                         r"'fused_dequant_gemm', 'dequant_reference', got 'reference'$"):
         lattice.ops.subm_conv3d(fine, q5, route="reference")
     with pytest.raises(ValueError, match=r"\[linear\] route: expected None for a float weight"):
         lattice.ops.linear(fine, torch.randn(C_OUT, C_IN), route="fused_dequant_gemm")

@@ -58,4 +58,22 @@ enum class WeightLayout {
 };
 std::string_view to_string(WeightLayout layout);
 
+// Kernel-argument vocabulary shared by the route problems (lattice/route/problem.h) and the
+// backends' argument structs (src/backend/args.h), so neither reaches the other's layer.
+// Point <-> voxel conversion: the per-voxel reduction of voxelize and the map of
+// build_point_voxel_map.
+enum class PointReduction { sum, mean, max };  // voxelize: per-voxel reduction of point features
+std::string_view to_string(PointReduction reduction);
+enum class PointVoxelMode { nearest, trilinear };  // build_point_voxel_map
+std::string_view to_string(PointVoxelMode mode);
+// Pooling: each output row reduces the input rows of its edges; `weighted` applies fixed per-edge
+// weights (trilinear_upsample3d).
+enum class PoolMode { sum, avg, max, weighted };
+std::string_view to_string(PoolMode mode);
+// Sparse algebra: the join of two aligned coordinate sets and the elementwise combine.
+enum class Join { inner, left, right, outer };
+std::string_view to_string(Join join);
+enum class AlgebraOp { add, sub, mul, maximum, minimum, cat };
+std::string_view to_string(AlgebraOp op);
+
 }  // namespace lattice

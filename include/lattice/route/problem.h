@@ -61,10 +61,6 @@ struct QuantizeProblem {
 std::string to_string(const QuantizeProblem& problem);
 
 // Point <-> voxel conversion (voxelize, devoxelize, build_point_voxel_map).
-enum class PointReduction { sum, mean, max };  // voxelize: per-voxel reduction of point features
-std::string_view to_string(PointReduction reduction);
-enum class PointVoxelMode { nearest, trilinear };  // build_point_voxel_map
-std::string_view to_string(PointVoxelMode mode);
 enum class PointVoxelPass { forward, backward, build_map };
 std::string_view to_string(PointVoxelPass pass);
 struct PointVoxelProblem {
@@ -80,10 +76,8 @@ struct PointVoxelProblem {
 };
 std::string to_string(const PointVoxelProblem& problem);
 
-// Pooling (SEMANTICS.md "Pooling"): each output row reduces the input rows of its edges.
-// `weighted` applies fixed per-edge weights (trilinear_upsample3d).
-enum class PoolMode { sum, avg, max, weighted };
-std::string_view to_string(PoolMode mode);
+// Pooling (SEMANTICS.md "Pooling"): each output row reduces the input rows of its edges (PoolMode,
+// in the core vocabulary).
 enum class PoolPass { forward, input_grad };
 std::string_view to_string(PoolPass pass);
 // Where a pooling's edges come from: a relation kind (local pooling: forward / target;
@@ -110,10 +104,6 @@ std::string to_string(const PoolProblem& problem);
 // Sparse algebra (SEMANTICS.md "Sparse algebra and coordinate utilities"): two coordinate sets
 // aligned by value with a join (or query rows looked up in one set), then aligned feature rows
 // combined elementwise.
-enum class Join { inner, left, right, outer };
-std::string_view to_string(Join join);
-enum class AlgebraOp { add, sub, mul, maximum, minimum, cat };
-std::string_view to_string(AlgebraOp op);
 enum class AlgebraPass { align, lookup, forward, backward };
 std::string_view to_string(AlgebraPass pass);
 struct AlgebraProblem {

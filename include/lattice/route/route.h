@@ -4,6 +4,7 @@
 // memory or touches tensors.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,35 +15,68 @@
 
 namespace lattice {
 
+// A route's identity inside the program. Everything else about a route (its family, public name,
+// device, tier, rank, kernel entry points, kernel file and constraints) is in its row
+// (RouteInfo) in src/route/<family>_routes.cpp; nothing else spells it out.
 enum class RouteId {
-  conv_reference,            // src/backend/cpu/conv/reference.cpp
-  conv_pointwise_matmul,     // src/backend/cpu/conv/pointwise_matmul.cpp
-  conv_gather_gemm_scatter,  // src/backend/cpu/conv/gather_gemm_scatter.cpp
-  quantize_reference,        // src/backend/cpu/quantize/reference.cpp
-  point_voxel_reference,     // src/backend/cpu/point_voxel/reference.cpp
-  point_voxel_parallel,      // src/backend/cpu/point_voxel/parallel.cpp
-  pool_reference,            // src/backend/cpu/pool/reference.cpp
-  pool_csr_reduce,           // src/backend/cpu/pool/csr_reduce.cpp
-  pool_input_exclusive,      // src/backend/cpu/pool/input_exclusive.cpp
-  algebra_reference,         // src/backend/cpu/algebra/reference.cpp
-  algebra_hashed,            // src/backend/cpu/algebra/hashed.cpp
-  coords_reference,          // src/backend/cpu/coords/reference.cpp
-  // CUDA routes (src/backend/cuda/<family>/...).
-  conv_cuda_gather_gemm_scatter,  // src/backend/cuda/conv/gather_gemm_scatter.cu
-  conv_implicit_gemm_sm80,        // src/backend/cuda/conv/implicit_gemm_sm80.cu
-  quantize_cuda,                  // src/backend/cuda/point_voxel/quantize.cu (sparse_quantize)
-  point_voxel_cuda,               // src/backend/cuda/point_voxel/point_voxel.cu
-  pool_cuda_csr_reduce,           // src/backend/cuda/pool/csr_reduce.cu
-  algebra_cuda_hashed,            // src/backend/cuda/algebra/hashed.cu
-  coords_cuda,                    // src/backend/cuda/coords/utilities.cu
-  // Packed affine weights (family "quantized").
-  quantized_dequant_reference,     // src/backend/cpu/quantized/dequant_reference.cpp
-  quantized_fused_dequant_gemm,   // src/backend/cpu/quantized/fused_dequant_gemm.cpp
-  quantized_cuda_dequant_gemm,    // src/backend/cuda/quantized/dequant_gemm.cu
+  conv_reference,
+  conv_pointwise_matmul,
+  conv_gather_gemm_scatter,
+  quantize_reference,
+  point_voxel_reference,
+  point_voxel_parallel,
+  pool_reference,
+  pool_csr_reduce,
+  pool_input_exclusive,
+  algebra_reference,
+  algebra_hashed,
+  coords_reference,
+  conv_cuda_gather_gemm_scatter,
+  conv_implicit_gemm_sm80,
+  quantize_cuda,
+  point_voxel_cuda,
+  pool_cuda_csr_reduce,
+  algebra_cuda_hashed,
+  coords_cuda,
+  quantized_dequant_reference,
+  quantized_fused_dequant_gemm,
+  quantized_cuda_dequant_gemm,
 };
+
+// The source file that implements a route and the constraints paragraph it opens with (the text
+// after "// Constraints:" up to the first empty comment line; tests/python/test_route_table.py
+// checks the two agree).
+struct KernelFile {
+  std::string_view path;
+  std::string_view constraints;
+};
+
+// One row of a route table. Names, parsing, the bindings' error lists, the route lists the tests
+// iterate over and the route table in docs/architecture.md all come from these rows.
+struct RouteInfo {
+  RouteId id;
+  std::string_view family;       // op family: "conv", "pool", ...
+  std::string_view name;         // public name, unique within the family
+  std::string_view device;       // where it runs: "cpu", "cuda" or "cpu, cuda"
+  GpuTier tier;                  // lowest GPU tier it needs (none for CPU-only routes)
+  int rank;                      // lower is preferred
+  std::string_view kernels;      // backend entry points it runs (space separated)
+  std::array<KernelFile, 2> files;  // its kernel file(s); an unused entry has an empty path
+};
+
+// Every row of every family: families in table order, rows by rank (stable) within a family.
+const std::vector<RouteInfo>& route_table();
+const RouteInfo& route_info(RouteId id);
+// The op families, in table order ("conv", "quantize", ...).
+std::vector<std::string_view> route_families();
+// A family's public route names in rank order (empty for an unknown family).
+std::vector<std::string_view> route_names(std::string_view family);
+// "'a'", "'a' or 'b'", "one of 'a', 'b', 'c'": the "expected ..." of an unknown route name.
+std::string route_name_list(std::string_view family);
+
 // Public route names drop the op prefix: "reference", "pointwise_matmul", ...
 std::string_view to_string(RouteId id);
-std::string_view op_family(RouteId id);  // "conv", "quantize"
+std::string_view op_family(RouteId id);
 // Parses a public route name within an op family ("conv", "quantize").
 std::optional<RouteId> route_from_string(std::string_view family, std::string_view name);
 
@@ -67,6 +101,9 @@ struct Explanation {
   std::optional<RouteId> chosen;
   std::optional<RouteId> forced;  // the route the policy asked for, if any
   std::string forced_reason;      // why the forced route was rejected (empty if admitted)
+  // The further route decisions the call makes after this one, in order (the float conv route that
+  // quantized dequant_reference runs on the decoded weight, ...); rendered after this table.
+  std::vector<Explanation> stages;
 
   // Rendered table: the chosen route and every rejected route with its reason.
   std::string to_string() const;

@@ -1,7 +1,7 @@
 // CPU capabilities (threads, vector ISA, BLAS) for DeviceCaps.
 #pragma once
 
-#include "lattice/route/caps.h"
+#include "lattice/core/caps.h"
 
 namespace lattice::backend::cpu {
 

@@ -1,7 +1,7 @@
 // CUDA device capabilities for DeviceCaps (compiled only when the CUDA backend is built).
 #pragma once
 
-#include "lattice/route/caps.h"
+#include "lattice/core/caps.h"
 
 namespace lattice::backend::cuda {
 

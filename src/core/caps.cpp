@@ -1,4 +1,4 @@
-#include "lattice/route/caps.h"
+#include "lattice/core/caps.h"
 
 namespace lattice {
 
