@@ -27,13 +27,17 @@ MinkUNet34C (32 | 32, 64, 128, 256 | 256, 128, 96, 96), scaled down (``cr``) to 
 small; the matching lattice networks are ``lattice.models.MinkUNet18(channels=...)`` and
 ``MinkUNet34(channels=...)``.
 
-Build ME 0.5.4 on the CPU as ../shared/bench/cpu_side_by_side.sh does (about 25 min on 2 cores):
+Build ME 0.5.4 on the CPU as ../shared/bench/cpu_side_by_side.sh does (17 min on 2 busy cores;
+the final copy step of ``build_ext --inplace`` fails, hence the last three lines):
 
     apt-get install -y libopenblas-dev libtorch-dev python3-dev
     mkdir -p /tmp/minkowski_build
     tar -xzf ../shared/anchors/MinkowskiEngine-0.5.4-02fc608.tar.gz -C /tmp/minkowski_build
     cd /tmp/minkowski_build/MinkowskiEngine && MAX_JOBS=2 /usr/bin/python3 setup.py build_ext --inplace \\
         --cpu_only --blas=openblas --blas_include_dirs=/usr/include/x86_64-linux-gnu/openblas-pthread
+    mkdir -p MinkowskiEngineBackend
+    cp build/lib.*/MinkowskiEngineBackend/_C*.so MinkowskiEngineBackend/
+    touch MinkowskiEngineBackend/__init__.py
 
 then, from the repository root:
 
