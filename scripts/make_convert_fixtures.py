@@ -8,8 +8,9 @@ What it writes, per network, to ``tests/fixtures/minkowski_<net>.npz`` (numpy on
   affine parameters random, running statistics measured on the input (two train-mode passes with
   a cumulative average, so they are neither 0 / 1 nor far from the activations' scale);
 * ``input_coords`` (N, 4) int32 ``(batch, x, y, z)`` and ``input_feats`` (N, 4) float32
-  ``(x, y, z, remission)``: two crops of the SemanticKITTI scan in ``../shared/data/semantickitti``
-  (KITTI CC BY-NC-SA 3.0, Geiger et al. 2012), one per batch index, quantized by ME's own
+  ``(x, y, z, remission)``: two crops of lattice's own synthetic ray-cast street scan
+  (``lattice._demo_data.synthetic_scan``; ``--data DIR`` takes a SemanticKITTI scan instead, whose
+  CC BY-NC-SA 3.0 licence then applies to the output, so the committed fixtures do not use it), one per batch index, quantized by ME's own
   ``MinkowskiEngine.utils.sparse_quantize`` (voxel 0.1 m, floor) and batched by
   ``MinkowskiEngine.utils.batched_coordinates``;
 * ``out_coords`` / ``out_feats``: the ME network's output in ME's row order with ME's
@@ -75,6 +76,7 @@ NUM_CLASSES = 7
 VOXEL = 0.1
 CROPS = (((5.0, 12.0), (-4.0, 4.0)), ((-12.0, -5.0), (-4.0, 4.0)))  # (x range, y range) per batch index
 SEED = 13
+DATA_NAME = ""
 
 
 class MEMinkUNet(torch.nn.Module):
@@ -132,7 +134,12 @@ class MEMinkUNet(torch.nn.Module):
 
 
 def make_input(data_dir: str):
-    pts = np.fromfile(os.path.join(data_dir, "000000.bin"), dtype=np.float32).reshape(-1, 4)
+    if data_dir == "synthetic":  # lattice's own ray-cast street scan: nothing third-party in the fixture
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from lattice._demo_data import synthetic_scan
+        pts = synthetic_scan(seed=SEED).points.astype(np.float32)
+    else:
+        pts = np.fromfile(os.path.join(data_dir, "000000.bin"), dtype=np.float32).reshape(-1, 4)
     coords, feats = [], []
     for (x0, x1), (y0, y1) in CROPS:
         m = (pts[:, 0] > x0) & (pts[:, 0] < x1) & (pts[:, 1] > y0) & (pts[:, 1] < y1)
@@ -186,7 +193,7 @@ def make(name: str, spec: dict, coords: torch.Tensor, feats: torch.Tensor, out_d
     arrays["out_feats"] = out.F.detach().cpu().numpy().astype(np.float32)
     meta = dict(net=name, lattice=spec["lattice"], me_version=ME.__version__, channels=cs, layers=spec["layers"],
                 num_classes=NUM_CLASSES, in_channels=int(feats.shape[1]), seed=SEED, voxel=VOXEL, crops=CROPS,
-                data="semantickitti/000000.bin (KITTI, CC BY-NC-SA 3.0)", torch=torch.__version__)
+                data=DATA_NAME, torch=torch.__version__)
     arrays["meta"] = np.array(json.dumps(meta))
     path = os.path.join(out_dir, f"minkowski_{name}.npz")
     np.savez_compressed(path, **arrays)
@@ -198,11 +205,16 @@ def make(name: str, spec: dict, coords: torch.Tensor, feats: torch.Tensor, out_d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
-    ap.add_argument("--data", default=DATA)
+    ap.add_argument("--data", default="synthetic",
+                    help="'synthetic' (default: lattice's ray-cast street scan, what the committed fixtures use) or a "
+                         "folder with a SemanticKITTI 000000.bin (its licence, CC BY-NC-SA 3.0, then applies to the output)")
     ap.add_argument("--nets", nargs="*", default=list(NETS))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)  # one summation order per run
+    global DATA_NAME
+    DATA_NAME = ("lattice._demo_data.synthetic_scan(seed=%d)" % SEED if args.data == "synthetic"
+                 else "semantickitti/000000.bin (KITTI, CC BY-NC-SA 3.0)")
     coords, feats = make_input(args.data)
     for name in args.nets:
         make(name, NETS[name], coords, feats, args.out)

@@ -4,7 +4,7 @@ The fixtures ``tests/fixtures/minkowski_<net>.npz`` were written by
 ``scripts/make_convert_fixtures.py`` with a CPU build of ME 0.5.4 (source in
 ``../shared/anchors``): ME's examples MinkUNet18A / MinkUNet34C layouts (narrow channel tables),
 random weights from a fixed seed, BatchNorm in eval with running statistics measured on the input,
-two crops of the SemanticKITTI scan quantized by ME's ``sparse_quantize`` (batch indices 0 and 1,
+two crops of lattice's synthetic ray-cast street scan (``lattice._demo_data.synthetic_scan``) quantized by ME's ``sparse_quantize`` (batch indices 0 and 1,
 negative coordinates included), and ME's output features with ME's coordinates, in ME's row order.
 ME itself is not imported here.
 
