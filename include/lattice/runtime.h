@@ -1,5 +1,5 @@
 // lattice::Runtime: runs a network exported by `lattice.export` (graph.json, schema
-// "lattice.graph" version 1, + weights.safetensors; docs/deploy.md) with the C++ ops of
+// "lattice.graph" version 1 or 2, + weights.safetensors; docs/deploy.md) with the C++ ops of
 // lattice, no Python and no libtorch.
 //
 //   lattice::Runtime net = lattice::Runtime::load("out/net");            // CPU
@@ -8,7 +8,9 @@
 //
 // Nodes run in graph order: convolutions through lattice::ops (the same routes the Python front
 // end picks, so CPU results equal `lattice.load_exported` bit for bit), Linear as a kernel-1
-// submanifold conv, element-wise nodes (scale_shift, activations, add/sub/mul, cat, layer_norm)
+// submanifold conv; nodes with packed int8 / int4 weights (version 2, attrs["quantized"])
+// through the public quantized API (ops::quantized_conv_forward / ops::quantized_linear, as
+// lattice.nn's Quantized* modules), element-wise nodes (scale_shift, activations, add/sub/mul, cat, layer_norm)
 // in this layer. On CUDA the convolutions run on the device; the element-wise nodes of graph
 // version 1 run on the host (a device -> host -> device copy per node; see docs/deploy.md).
 //
@@ -83,7 +85,7 @@ class Runtime {
   std::int64_t input_channels() const;
   std::vector<std::string> output_names() const;
   std::size_t num_nodes() const;
-  int version() const;
+  int version() const;  // the graph's schema version (1 or 2)
   const VoxelizeSpec& voxelize_spec() const;
   std::string metadata_json() const;  // metadata as JSON text ("{}" when none)
 
@@ -93,7 +95,8 @@ class Runtime {
 };
 
 // A safetensors file (8-byte little-endian header length, JSON header, raw little-endian
-// buffers): name -> contiguous CPU Array. Dtypes F32, F64, I32, I64, U8; others raise ValueError.
+// buffers): name -> contiguous CPU Array. Dtypes F32, F64, F16, BF16, I32, I64, U8; others raise
+// ValueError.
 std::map<std::string, Array> read_safetensors(const std::string& path);
 
 }  // namespace lattice

@@ -4,14 +4,17 @@
     net = lattice.load_exported("out/net")      # the same graph, run with lattice's Python ops
     logits = net(x)                              # C++: lattice::Runtime / the lattice-run tool
 
-The directory holds ``graph.json`` (schema ``lattice.graph`` version 1: values, nodes, their op,
-attributes and which values they read) and ``weights.safetensors`` (float32, little endian).
+The directory holds ``graph.json`` (schema ``lattice.graph`` version 1, or 2 when the graph has
+packed weights or pooling: values, nodes, their op, attributes and which values they read) and
+``weights.safetensors`` (float32; packed int8 / int4 words as int32 with float32 / float16 scales;
+little endian).
 
 How the graph is obtained: tracing. The model runs once on ``example_input`` with
 
 * every lattice.nn convolution (``SubmConv3d``, ``Conv3d``, ``ConvTranspose3d``,
-  ``GenerativeConvTranspose3d``) wrapped: the call is recorded as one node with the module's
-  geometry and weights (its internals are not traced);
+  ``GenerativeConvTranspose3d``), packed module (``Quantized*``, ``QuantizedLinear``) and local
+  pooling module (``MaxPool3d``, ``AvgPool3d``, ``SumPool3d``) wrapped: the call is recorded as
+  one node with the module's geometry and weights (its internals are not traced);
 * a ``torch.overrides.TorchFunctionMode`` active around everything else: every torch function
   that reads a traced feature matrix is either one of the supported feature functions (below),
   which becomes a node, or the export fails with ``[export] <module path>: ...`` naming the
@@ -28,9 +31,13 @@ functions applied to ``x.feats`` by hand): ``F.batch_norm`` (eval only), ``F.rel
 Limits of tracing (documented in docs/deploy.md): the graph is the path the example took — Python
 control flow that depends on the data is frozen; the input is one SparseTensor; the outputs are
 the SparseTensors found in what ``forward`` returns (tuples, lists and dicts are flattened, other
-values are ignored); functional convolutions (``lattice.ops.conv3d`` called without a module),
-pooling, point/voxel ops inside the model, quantized modules and coordinate edits (new
-SparseTensors built from traced features) are not exported and fail with the clear error.
+values are ignored); functional convolutions and pooling (``lattice.ops.conv3d`` called without
+a module), ``WindowConv3d``, global / transposed pooling, trilinear upsampling, point/voxel ops
+inside the model and coordinate edits (new SparseTensors built from traced features) are not
+exported and fail with the clear error.
+
+``weights="int8" | "int4"`` packs every convolution / Linear weight after the folding below
+(``quantize_weight``, the rule of ``lattice.nn.quantize``); see :func:`export`.
 
 BatchNorm is folded into the convolution or Linear before it when that layer's output feeds only
 the BatchNorm (exact up to float32 rounding: ``W' = W * s``, ``b' = (b - mean) * s + beta``,
@@ -53,13 +60,21 @@ from torch.overrides import TorchFunctionMode
 
 from . import nn as lnn
 from . import ops
+from .quantize import QuantizedWeight, quantize_weight
 from .tensor import SparseTensor
 
 FORMAT = "lattice.graph"
-VERSION = 1
+VERSION = 2  # the newest schema written; a graph that needs nothing of version 2 is written as version 1
+VERSIONS = (1, 2)
+WEIGHTS = ("float32", "int8", "int4")
+
+
+def _quantized_attr(q: QuantizedWeight) -> dict[str, Any]:
+    """attrs["quantized"] of a node with a packed weight (graph version 2)."""
+    return {"bits": int(q.bits), "group_size": int(q.group_size), "layout": q.layout, "shape": [int(d) for d in q.shape]}
 
 __all__ = ["export", "load_exported", "ExportError", "ExportedModel", "read_safetensors", "write_safetensors",
-           "point_features", "voxelize_points", "demo_voxelize_spec", "FORMAT", "VERSION"]
+           "point_features", "voxelize_points", "demo_voxelize_spec", "FORMAT", "VERSION", "VERSIONS", "WEIGHTS"]
 
 
 class ExportError(ValueError):
@@ -130,6 +145,20 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------------------------------------
 
 _CONV_MODULES = (lnn.SubmConv3d, lnn.Conv3d, lnn.ConvTranspose3d, lnn.GenerativeConvTranspose3d)
+# packed int4 / int8 modules (lattice.nn.quantized): recorded as the same ops with packed weights
+_QUANT_MODULES = (lnn.QuantizedSubmConv3d, lnn.QuantizedConv3d, lnn.QuantizedConvTranspose3d,
+                  lnn.QuantizedGenerativeConvTranspose3d, lnn.QuantizedLinear)
+# local pooling (graph version 2): max / avg / sum over the forward relation or onto a target
+_POOL_MODULES = (lnn.MaxPool3d, lnn.AvgPool3d, lnn.SumPool3d)
+_LEAF_MODULES = _CONV_MODULES + _QUANT_MODULES + _POOL_MODULES
+_MODULE_OPS = {lnn.SubmConv3d: "subm_conv3d", lnn.Conv3d: "conv3d", lnn.ConvTranspose3d: "conv_transpose3d",
+               lnn.GenerativeConvTranspose3d: "generative_conv_transpose3d",
+               lnn.QuantizedSubmConv3d: "subm_conv3d", lnn.QuantizedConv3d: "conv3d",
+               lnn.QuantizedConvTranspose3d: "conv_transpose3d",
+               lnn.QuantizedGenerativeConvTranspose3d: "generative_conv_transpose3d", lnn.QuantizedLinear: "linear",
+               lnn.MaxPool3d: "max_pool3d", lnn.AvgPool3d: "avg_pool3d", lnn.SumPool3d: "sum_pool3d"}
+_LEAF_NAMES = ("SubmConv3d, Conv3d, ConvTranspose3d, GenerativeConvTranspose3d (or their Quantized* modules), "
+               "QuantizedLinear, MaxPool3d, AvgPool3d, SumPool3d")
 
 
 @dataclass
@@ -222,7 +251,7 @@ class _Tracer(TorchFunctionMode):
     def wrap(self, module: torch.nn.Module) -> Callable[..., Any]:
         original = module.forward
         path = self.names.get(id(module), "")
-        conv = isinstance(module, _CONV_MODULES)
+        conv = isinstance(module, _LEAF_MODULES)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             self.stack.append((path, type(module).__name__))
@@ -240,10 +269,10 @@ class _Tracer(TorchFunctionMode):
 
         kind = type(m).__name__
         if isinstance(m, WindowConv3d):
-            self.fail("WindowConv3d: expected one of SubmConv3d, Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, "
-                      "got WindowConv3d (its input translation is not part of graph schema version 1)")
-        if type(m) not in _CONV_MODULES:
-            self.fail(f"{kind}: expected one of SubmConv3d, Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, got a subclass")
+            self.fail(f"WindowConv3d: expected one of {_LEAF_NAMES}, "
+                      "got WindowConv3d (its input translation is not part of the graph schema, versions 1 and 2)")
+        if type(m) not in _LEAF_MODULES:
+            self.fail(f"{kind}: expected one of {_LEAF_NAMES}, got a subclass")
         if len(args) < 1:
             self.fail(f"{kind} input: expected a SparseTensor argument, got none")
         x = args[0]
@@ -259,23 +288,54 @@ class _Tracer(TorchFunctionMode):
             y = original(*args, **kwargs)
         finally:
             self.leaf -= 1
-        op = {lnn.SubmConv3d: "subm_conv3d", lnn.Conv3d: "conv3d", lnn.ConvTranspose3d: "conv_transpose3d",
-              lnn.GenerativeConvTranspose3d: "generative_conv_transpose3d"}[type(m)]
-        attrs: dict[str, Any] = {"kernel_size": list(m.kernel_size), "dilation": list(m.dilation)}
-        if op in ("conv3d", "conv_transpose3d"):
-            attrs.update(stride=list(m.stride), padding=list(m.padding))
-        if op == "generative_conv_transpose3d":
-            attrs["stride"] = list(m.stride)
-        if op == "conv3d":
-            attrs["expand"] = bool(m.expand)
-        params = {"weight": m.weight.detach()}
-        if m.bias is not None:
-            params["bias"] = m.bias.detach()
-        if m.weight.dtype != torch.float32:
-            self.fail(f"{kind} weight: expected float32 (graph version 1 stores float32), got {m.weight.dtype}")
+        op = _MODULE_OPS[type(m)]
+        if isinstance(m, _QUANT_MODULES):
+            attrs, params = self.quantized_attrs(m, op, kind)
+        elif isinstance(m, _POOL_MODULES):
+            attrs = {"kernel_size": list(m.kernel_size), "stride": list(m.stride), "padding": list(m.padding),
+                     "dilation": list(m.dilation), "expand": bool(m.expand)}
+            params = {}
+        else:
+            attrs = {"kernel_size": list(m.kernel_size), "dilation": list(m.dilation)}
+            if op in ("conv3d", "conv_transpose3d"):
+                attrs.update(stride=list(m.stride), padding=list(m.padding))
+            if op == "generative_conv_transpose3d":
+                attrs["stride"] = list(m.stride)
+            if op == "conv3d":
+                attrs["expand"] = bool(m.expand)
+            params = {"weight": m.weight.detach()}
+            if m.bias is not None:
+                params["bias"] = m.bias.detach()
+            if m.weight.dtype != torch.float32:
+                self.fail(f"{kind} weight: expected float32 (the graph stores float32), got {m.weight.dtype}")
         out = self.new_value(y.feats, self.coords_of(y))
         self.nodes.append(_Node(path or kind, op, inputs, out, attrs, params))
         return y
+
+    def quantized_attrs(self, m: torch.nn.Module, op: str, kind: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Geometry and packed weight of a lattice.nn Quantized* module (graph version 2)."""
+        from ._core import as_triple
+
+        q = m.weight
+        attrs: dict[str, Any] = {}
+        if op != "linear":
+            attrs = {"kernel_size": list(q.shape[1:4]), "dilation": list(as_triple(m.dilation, "dilation", kind))}
+            if op in ("conv3d", "conv_transpose3d", "generative_conv_transpose3d"):
+                attrs["stride"] = list(as_triple(m.stride, "stride", kind))
+            if op in ("conv3d", "conv_transpose3d"):
+                attrs["padding"] = list(as_triple(m.padding, "padding", kind))
+            if op == "conv3d":
+                attrs["expand"] = bool(m.expand)
+        if q.scales.dtype not in (torch.float32, torch.float16):
+            self.fail(f"{kind} weight.scales: expected float32 or float16 (safetensors F32 / F16), got {q.scales.dtype} "
+                      f"(module.float() widens them exactly)")
+        if m.bias is not None and m.bias.dtype != torch.float32:
+            self.fail(f"{kind} bias: expected float32 (the graph's activations are float32), got {m.bias.dtype}")
+        attrs["quantized"] = _quantized_attr(q)
+        params = {"packed": q.packed.detach(), "scales": q.scales.detach(), "biases": q.biases.detach()}
+        if m.bias is not None:
+            params["bias"] = m.bias.detach()
+        return attrs, params
 
     # -- torch functions ------------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -308,7 +368,7 @@ class _Tracer(TorchFunctionMode):
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0]:
             unsupported(" (its result is not a feature matrix of the same rows)")
         if x.dtype != torch.float32:
-            self.fail(f"{name} input: expected float32 features (graph version 1), got {x.dtype}")
+            self.fail(f"{name} input: expected float32 features (the graph's activations are float32), got {x.dtype}")
         attrs: dict[str, Any] = {}
         params: dict[str, torch.Tensor] = {}
         inputs = [vx]
@@ -401,6 +461,7 @@ class _Tracer(TorchFunctionMode):
 # ------------------------------------------------------------------------------------------------
 
 _FOLDABLE = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear")
+_V2_OPS = ("max_pool3d", "avg_pool3d", "sum_pool3d")  # ops that graph version 1 does not have
 
 
 def _bn_scale_shift(params: dict[str, torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,7 +485,8 @@ def _fold_batch_norm(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
             continue
         s, t = _bn_scale_shift(n.params, n.attrs["eps"])
         prev = producer.get(n.inputs[0])
-        if prev is not None and prev.op in _FOLDABLE and consumers.get(prev.output) == 1 and prev.output not in outputs:
+        if (prev is not None and prev.op in _FOLDABLE and "quantized" not in prev.attrs
+                and consumers.get(prev.output) == 1 and prev.output not in outputs):
             w = prev.params["weight"].double()
             shape = (-1,) + (1,) * (w.dim() - 1)
             b = prev.params["bias"].double() if "bias" in prev.params else torch.zeros(w.shape[0], dtype=torch.float64)
@@ -441,7 +503,8 @@ def _fold_batch_norm(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
 
 
 def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
-           metadata: Optional[dict[str, Any]] = None, fold_batch_norm: bool = True) -> dict[str, Any]:
+           metadata: Optional[dict[str, Any]] = None, fold_batch_norm: bool = True, weights: str = "float32",
+           group_size: Optional[int] = None) -> dict[str, Any]:
     """Traces ``model`` on ``example_input`` and writes ``path/graph.json`` + ``path/weights.safetensors``.
 
     The model must be in eval mode where it has BatchNorm or Dropout (training-mode statistics
@@ -449,13 +512,23 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     ``lattice-run`` reads ``metadata["voxelize"]`` (see :func:`point_features`). Returns the graph
     dictionary that was written. Raises :class:`ExportError` naming the module path and the
     function for anything outside the supported set.
+
+    ``weights``: ``"float32"`` (default) keeps float weights; ``"int8"`` / ``"int4"`` stores every
+    convolution and Linear weight packed (``lattice.quantize_weight`` of the weight after BatchNorm
+    folding: layout ``dense_5d`` for convolutions, ``linear`` for Linear, ``group_size`` None = 64
+    when C_in >= 64 else 32, as ``lattice.nn.quantize``), run by the quantized routes in Python and
+    C++. Modules that are already packed (``lattice.nn.Quantized*``) are stored packed as they are,
+    whatever ``weights`` says; BatchNorm after a packed layer stays a ``scale_shift`` node (folding
+    into packed codes would not be exact).
     """
+    if weights not in WEIGHTS:
+        raise ValueError(f"[export] weights: expected one of {WEIGHTS}, got {weights!r}")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"[export] model: expected a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(example_input, SparseTensor):
         raise TypeError(f"[export] example_input: expected a lattice.SparseTensor, got {type(example_input).__name__}")
     if example_input.dtype != torch.float32:
-        raise ExportError(f"[export] example_input: expected float32 features (graph version 1), got {example_input.dtype}")
+        raise ExportError(f"[export] example_input: expected float32 features (the graph's activations are float32), got {example_input.dtype}")
     tracer = _Tracer(model)
     x = example_input.replace_feats(example_input.feats.detach().clone())
     input_value = tracer.new_value(x.feats, tracer.coords_of(x))
@@ -491,13 +564,27 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
             kept.append(n)
             live.update(n.inputs)
     nodes = kept[::-1]
-    weights: dict[str, np.ndarray] = {}
+    if weights != "float32":
+        bits = 8 if weights == "int8" else 4
+        for n in nodes:
+            if n.op in _FOLDABLE and "quantized" not in n.attrs:
+                q = quantize_weight(n.params["weight"].detach().cpu().float(), bits=bits, group_size=group_size,
+                                    layout="linear" if n.op == "linear" else "dense_5d")
+                bias = n.params.get("bias")
+                n.params = {"packed": q.packed, "scales": q.scales, "biases": q.biases}
+                if bias is not None:
+                    n.params["bias"] = bias
+                n.attrs["quantized"] = _quantized_attr(q)
+    tensors: dict[str, np.ndarray] = {}
     graph_nodes = []
     for i, n in enumerate(nodes):
         refs = {}
         for k, t in n.params.items():
             key = f"n{i}.{k}"
-            weights[key] = t.detach().cpu().contiguous().numpy().astype(np.float32)
+            t = t.detach().cpu().contiguous()
+            # packed words stay int32 and float16 scales float16; every float weight is float32
+            keep = t.dtype == torch.int32 or (t.dtype == torch.float16 and "quantized" in n.attrs)
+            tensors[key] = t.numpy() if keep else t.float().numpy()
             refs[k] = key
         graph_nodes.append({"name": n.name, "op": n.op, "inputs": n.inputs, "output": n.output,
                             "attrs": n.attrs, "weights": refs})
@@ -505,9 +592,10 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     values = {v: {"coords": tracer.value_coords[v], "channels": tracer.value_channels[v]}
               for v in sorted(used, key=lambda s: int(s[1:]))}
     coords_used = {values[v]["coords"] for v in values}
+    needs_v2 = any("quantized" in n.attrs or n.op in _V2_OPS for n in nodes)
     graph = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": 2 if needs_v2 else 1,
         "producer": f"lattice {_version()} (lattice.export, torch {torch.__version__})",
         "dtype": "float32",
         "inputs": [{"name": "input", "value": input_value, "channels": int(x.feats.shape[1]),
@@ -520,7 +608,7 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     }
     json.dumps(graph)  # fails here (not half-way through writing) when metadata is not JSON
     os.makedirs(path, exist_ok=True)
-    write_safetensors(os.path.join(path, "weights.safetensors"), weights, {"format": FORMAT, "version": str(VERSION)})
+    write_safetensors(os.path.join(path, "weights.safetensors"), tensors, {"format": FORMAT, "version": str(graph["version"])})
     with open(os.path.join(path, "graph.json"), "w") as f:
         json.dump(graph, f, indent=1)
         f.write("\n")
@@ -538,7 +626,8 @@ def _version() -> str:
 # ------------------------------------------------------------------------------------------------
 
 _OPS = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear", "scale_shift", "relu",
-        "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "layer_norm", "add", "sub", "mul", "cat")
+        "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "layer_norm", "add", "sub", "mul", "cat",
+        "max_pool3d", "avg_pool3d", "sum_pool3d")
 
 
 class ExportedModel:
@@ -566,6 +655,12 @@ class ExportedModel:
         op, a = n["op"], n["attrs"]
         w = {k: self.weights[v] for k, v in n["weights"].items()}
         x = xs[0]
+        if "quantized" in a:  # a packed weight: lattice's quantized routes, as the Quantized* modules run
+            qa = a["quantized"]
+            w["weight"] = QuantizedWeight(w["packed"], w["scales"], w["biases"], int(qa["bits"]), int(qa["group_size"]),
+                                          qa["layout"], tuple(int(d) for d in qa["shape"]))
+            if op == "linear":
+                return ops.linear(x, w["weight"], w.get("bias"))
         if op == "subm_conv3d":
             return ops.subm_conv3d(x, w["weight"], w.get("bias"), kernel_size=a["kernel_size"], dilation=a["dilation"])
         if op == "conv3d":
@@ -579,6 +674,9 @@ class ExportedModel:
         if op == "generative_conv_transpose3d":
             return ops.generative_conv_transpose3d(x, w["weight"], w.get("bias"), kernel_size=a["kernel_size"],
                                                    stride=a["stride"], dilation=a["dilation"])
+        if op in ("max_pool3d", "avg_pool3d", "sum_pool3d"):
+            return getattr(ops, op)(x, a["kernel_size"], a["stride"], a["padding"], a["dilation"],
+                                    coordinates=xs[1] if len(xs) > 1 else None, expand=a["expand"])
         if op == "linear":
             k = w["weight"]
             return ops.subm_conv3d(x, k.view(k.shape[0], 1, 1, 1, k.shape[1]), w.get("bias"), kernel_size=1)
@@ -606,15 +704,16 @@ class ExportedModel:
             return x.replace_feats(f + g if op == "add" else f - g if op == "sub" else f * g)
         if op == "cat":
             return x.replace_feats(torch.cat([t.feats for t in xs], 1))
-        raise ValueError(f"[ExportedModel] {n['name']}: expected an op of graph version {VERSION} {_OPS}, got {op!r}")
+        graph_version = self.graph.get("version")
+        raise ValueError(f"[ExportedModel] {n['name']}: expected an op of graph version {graph_version} {_OPS}, got {op!r}")
 
 
 def load_exported(path: str, device: Any = "cpu") -> ExportedModel:
     """Loads a directory written by :func:`export`; call the result on a SparseTensor."""
     with open(os.path.join(path, "graph.json")) as f:
         graph = json.load(f)
-    if graph.get("format") != FORMAT or graph.get("version") != VERSION:
-        raise ValueError(f"[load_exported] {path}/graph.json: expected format {FORMAT!r} version {VERSION}, "
+    if graph.get("format") != FORMAT or graph.get("version") not in VERSIONS:
+        raise ValueError(f"[load_exported] {path}/graph.json: expected format {FORMAT!r} version {VERSIONS}, "
                          f"got {graph.get('format')!r} version {graph.get('version')!r}")
     return ExportedModel(graph, read_safetensors(os.path.join(path, "weights.safetensors")), device)
 

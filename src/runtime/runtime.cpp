@@ -18,7 +18,9 @@
 #include "lattice/core/error.h"
 #include "lattice/ops/conv.h"
 #include "lattice/ops/point_voxel.h"
+#include "lattice/ops/pool.h"
 #include "lattice/ops/quantize.h"
+#include "lattice/ops/quantized.h"
 
 namespace lattice {
 namespace {
@@ -26,7 +28,7 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kOp = "Runtime";
 constexpr const char* kFormat = "lattice.graph";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // newest schema read (version 1 files are read as well)
 
 [[noreturn]] void fail(const std::string& what, const std::string& expected, const std::string& got) {
   throw_value_error(kOp, what, expected, got);
@@ -46,21 +48,26 @@ struct StDtype {
   const char* name;
   Dtype dtype;
 };
-constexpr StDtype kStDtypes[] = {{"F32", Dtype::f32}, {"F64", Dtype::f64}, {"I32", Dtype::i32},
-                                 {"I64", Dtype::i64}, {"U8", Dtype::u8}};
+constexpr StDtype kStDtypes[] = {{"F32", Dtype::f32}, {"F64", Dtype::f64}, {"F16", Dtype::f16},
+                                 {"BF16", Dtype::bf16}, {"I32", Dtype::i32}, {"I64", Dtype::i64},
+                                 {"U8", Dtype::u8}};
 
 // ---- graph --------------------------------------------------------------------------------------
 
 enum class Op {
   subm_conv3d, conv3d, conv_transpose3d, generative_conv_transpose3d, linear, scale_shift, relu,
-  leaky_relu, gelu, silu, sigmoid, tanh_, softplus, layer_norm, add, sub, mul, cat
+  leaky_relu, gelu, silu, sigmoid, tanh_, softplus, layer_norm, add, sub, mul, cat,
+  max_pool3d, avg_pool3d, sum_pool3d  // version 2
 };
 const std::pair<const char*, Op> kOps[] = {
     {"subm_conv3d", Op::subm_conv3d}, {"conv3d", Op::conv3d}, {"conv_transpose3d", Op::conv_transpose3d},
     {"generative_conv_transpose3d", Op::generative_conv_transpose3d}, {"linear", Op::linear},
     {"scale_shift", Op::scale_shift}, {"relu", Op::relu}, {"leaky_relu", Op::leaky_relu}, {"gelu", Op::gelu},
     {"silu", Op::silu}, {"sigmoid", Op::sigmoid}, {"tanh", Op::tanh_}, {"softplus", Op::softplus},
-    {"layer_norm", Op::layer_norm}, {"add", Op::add}, {"sub", Op::sub}, {"mul", Op::mul}, {"cat", Op::cat}};
+    {"layer_norm", Op::layer_norm}, {"add", Op::add}, {"sub", Op::sub}, {"mul", Op::mul}, {"cat", Op::cat},
+    {"max_pool3d", Op::max_pool3d}, {"avg_pool3d", Op::avg_pool3d}, {"sum_pool3d", Op::sum_pool3d}};
+
+bool is_pool(Op op) { return op == Op::max_pool3d || op == Op::avg_pool3d || op == Op::sum_pool3d; }
 
 bool is_conv(Op op) {
   return op == Op::subm_conv3d || op == Op::conv3d || op == Op::conv_transpose3d ||
@@ -74,7 +81,12 @@ struct Node {
   std::vector<int> inputs;  // value slots
   int output = -1;
   ops::ConvOptions conv;
+  ops::PoolOptions pool;
+  PoolMode pool_mode = PoolMode::max;
   Array weight, bias, scale, shift;  // on the runtime's device (conv) / host (element-wise)
+  bool packed = false;               // attrs["quantized"]: weight is `q` (graph version 2)
+  ops::QuantizedWeight q;
+  RelationKind kind = RelationKind::submanifold;
   double slope = 0.01, beta = 1.0, threshold = 20.0, eps = 1e-5;
   bool gelu_tanh = false;
 };
@@ -141,7 +153,7 @@ std::map<std::string, Array> read_safetensors(const std::string& path) {
     const StDtype* found = nullptr;
     for (const auto& d : kStDtypes)
       if (dt == d.name) found = &d;
-    if (!found) fail(where, "dtype F32, F64, I32, I64 or U8", dt.empty() ? "none" : dt);
+    if (!found) fail(where, "dtype F32, F64, F16, BF16, I32, I64 or U8", dt.empty() ? "none" : dt);
     Shape shape;
     for (const auto& s : info.at("shape")) shape.push_back(s.get<std::int64_t>());
     const auto& off = info.at("data_offsets");
@@ -173,6 +185,7 @@ struct Runtime::Impl {
   std::vector<std::int64_t> slot_channels;
   std::vector<int> slot_coords;  // coordinate set id of each value slot
   int n_coords = 0;
+  int version = 1;
   VoxelizeSpec voxelize;
 
   SparseTensor run_node(const Node& n, const std::vector<SparseTensor>& in) const;
@@ -181,7 +194,7 @@ struct Runtime::Impl {
 namespace {
 
 Array take_weight(std::map<std::string, Array>& weights, const json& refs, const char* key, const Node& n,
-                  bool required) {
+                  bool required, std::initializer_list<Dtype> dtypes = {Dtype::f32}) {
   if (!refs.contains(key)) {
     if (required) fail("node " + n.name + " " + key, "a weight reference", "none");
     return {};
@@ -189,14 +202,47 @@ Array take_weight(std::map<std::string, Array>& weights, const json& refs, const
   const std::string ref = refs[key].get<std::string>();
   auto it = weights.find(ref);
   if (it == weights.end()) fail("node " + n.name + " " + key, "tensor " + ref + " in weights.safetensors", "none");
-  if (it->second.dtype() != Dtype::f32)
-    fail("node " + n.name + " " + key, "float32 (graph version 1)", std::string(to_string(it->second.dtype())));
+  if (std::find(dtypes.begin(), dtypes.end(), it->second.dtype()) == dtypes.end()) {
+    std::string want;
+    for (Dtype d : dtypes) want += (want.empty() ? "" : " or ") + std::string(to_string(d));
+    fail("node " + n.name + " " + key, want, std::string(to_string(it->second.dtype())));
+  }
   return it->second;
 }
 
 void expect_shape(const Node& n, const char* what, const Array& a, const Shape& shape) {
   if (a.shape() != shape)
     fail("node " + n.name + " " + what, "shape " + shape_str(shape), shape_str(a.shape()));
+}
+
+// attrs["quantized"] + weights packed / scales / biases: the packed weight as lattice.QuantizedWeight
+// holds it. Layout linear for a Linear node, dense_5d (C_out, Kx, Ky, Kz, C_in) for a convolution;
+// the quantized ops check the storage shapes against the logical one.
+void take_packed(Node& n, std::map<std::string, Array>& weights, const json& refs, const json& qa,
+                 std::int64_t c_in, std::int64_t c_out) {
+  const std::string where = "node " + n.name + " attrs.quantized";
+  n.packed = true;
+  n.q.packed = take_weight(weights, refs, "packed", n, true, {Dtype::i32});
+  n.q.scales = take_weight(weights, refs, "scales", n, true, {Dtype::f32, Dtype::f16, Dtype::bf16});
+  n.q.biases = take_weight(weights, refs, "biases", n, true, {Dtype::f32, Dtype::f16, Dtype::bf16});
+  n.q.bits = qa.at("bits").get<int>();
+  n.q.group_size = qa.at("group_size").get<int>();
+  const std::string layout = qa.at("layout").get<std::string>();
+  n.q.shape = qa.at("shape").get<std::vector<std::int64_t>>();
+  if (n.op == Op::linear) {
+    if (layout != "linear") fail(where + ".layout", "linear (a Linear node)", layout);
+    n.q.layout = ops::QuantizedLayout::linear;
+    if (n.q.shape != std::vector<std::int64_t>{c_out, c_in})
+      fail(where + ".shape", shape_str({c_out, c_in}), shape_str(Shape(n.q.shape.begin(), n.q.shape.end())));
+  } else {
+    if (layout != "dense_5d") fail(where + ".layout", "dense_5d (a convolution node)", layout);
+    n.q.layout = ops::QuantizedLayout::dense_5d;
+    const auto& k = n.conv.kernel_size;
+    const std::vector<std::int64_t> want{c_out, k[0], k[1], k[2], c_in};
+    if (n.q.shape != want)
+      fail(where + ".shape", shape_str(Shape(want.begin(), want.end())),
+           shape_str(Shape(n.q.shape.begin(), n.q.shape.end())));
+  }
 }
 
 VoxelizeSpec parse_voxelize(const json& meta) {
@@ -237,8 +283,10 @@ Runtime Runtime::load(const std::string& directory, Device device) {
   const json& g = impl->graph;
   try {
     if (g.value("format", "") != kFormat) fail(gpath + " format", kFormat, g.value("format", "none"));
-    if (g.value("version", -1) != kVersion)
-      fail(gpath + " version", std::to_string(kVersion), std::to_string(g.value("version", -1)));
+    const int version = g.value("version", -1);
+    if (version < 1 || version > kVersion)
+      fail(gpath + " version", "1 to " + std::to_string(kVersion), std::to_string(version));
+    impl->version = version;
     if (g.value("dtype", "float32") != "float32") fail(gpath + " dtype", "float32", g.value("dtype", ""));
     auto weights = read_safetensors(directory + "/weights.safetensors");
 
@@ -272,7 +320,7 @@ Runtime Runtime::load(const std::string& directory, Device device) {
       n.name = jn.value("name", "?");
       n.op_name = jn.at("op").get<std::string>();
       auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const auto& p) { return n.op_name == p.first; });
-      if (it == std::end(kOps)) fail("node " + n.name + " op", "an op of lattice.graph version 1", n.op_name);
+      if (it == std::end(kOps)) fail("node " + n.name + " op", "an op of lattice.graph (versions 1, 2)", n.op_name);
       n.op = it->second;
       for (const auto& v : jn.at("inputs")) {
         int s = slot(v.get<std::string>(), "node " + n.name + " inputs");
@@ -284,7 +332,7 @@ Runtime Runtime::load(const std::string& directory, Device device) {
       const json& a = jn.value("attrs", json::object());
       const json& refs = jn.value("weights", json::object());
       const std::size_t want = (n.op == Op::add || n.op == Op::sub || n.op == Op::mul) ? 2
-                               : (n.op == Op::conv3d || n.op == Op::conv_transpose3d) ? 0 : 1;
+                               : (n.op == Op::conv3d || n.op == Op::conv_transpose3d || is_pool(n.op)) ? 0 : 1;
       if ((want == 2 && n.inputs.size() != 2) || (want == 1 && n.op != Op::cat && n.inputs.size() != 1) ||
           (want == 0 && (n.inputs.empty() || n.inputs.size() > 2)) || n.inputs.empty())
         fail("node " + n.name + " inputs", want == 0 ? "1 or 2 values" : std::to_string(want) + " value(s)",
@@ -292,11 +340,14 @@ Runtime Runtime::load(const std::string& directory, Device device) {
       const std::int64_t c_in = impl->slot_channels[n.inputs[0]];
       const std::int64_t c_out = impl->slot_channels[n.output];
       if (is_conv(n.op)) {
-        n.weight = take_weight(weights, refs, "weight", n, true);
+        const bool packed = a.contains("quantized");
+        if (!packed) n.weight = take_weight(weights, refs, "weight", n, true);
         n.bias = take_weight(weights, refs, "bias", n, false);
         if (n.op == Op::linear) {
-          expect_shape(n, "weight", n.weight, {c_out, c_in});
-          n.weight = n.weight.reshape({c_out, 1, 1, 1, c_in});
+          if (!packed) {
+            expect_shape(n, "weight", n.weight, {c_out, c_in});
+            n.weight = n.weight.reshape({c_out, 1, 1, 1, c_in});
+          }
           n.conv.kernel_size = {1, 1, 1};
         } else {
           n.conv.kernel_size = int3(a.at("kernel_size"), "node " + n.name + " kernel_size");
@@ -305,11 +356,31 @@ Runtime Runtime::load(const std::string& directory, Device device) {
           if (a.contains("padding")) n.conv.padding = int3(a["padding"], "node " + n.name + " padding");
           n.conv.expand = a.value("expand", false);
           const auto& k = n.conv.kernel_size;
-          expect_shape(n, "weight", n.weight, {c_out, k[0], k[1], k[2], c_in});
+          if (!packed) expect_shape(n, "weight", n.weight, {c_out, k[0], k[1], k[2], c_in});
         }
         if (n.bias.defined()) expect_shape(n, "bias", n.bias, {c_out});
-        n.weight = n.weight.to(device);
+        if (packed) {
+          take_packed(n, weights, refs, a["quantized"], c_in, c_out);
+          n.q.packed = n.q.packed.to(device);
+          n.q.scales = n.q.scales.to(device);
+          n.q.biases = n.q.biases.to(device);
+        } else {
+          n.weight = n.weight.to(device);
+        }
         if (n.bias.defined()) n.bias = n.bias.to(device);
+        const bool target = n.inputs.size() > 1;
+        n.kind = n.op == Op::conv3d             ? (target ? RelationKind::target : RelationKind::forward)
+                 : n.op == Op::conv_transpose3d ? (target ? RelationKind::transposed_target : RelationKind::transposed)
+                 : n.op == Op::generative_conv_transpose3d ? RelationKind::generative
+                                                           : RelationKind::submanifold;
+      } else if (is_pool(n.op)) {
+        const std::string w = "node " + n.name + " ";
+        n.pool.kernel_size = int3(a.at("kernel_size"), w + "kernel_size");
+        n.pool.stride = int3(a.at("stride"), w + "stride");
+        n.pool.padding = int3(a.at("padding"), w + "padding");
+        n.pool.dilation = int3(a.at("dilation"), w + "dilation");
+        n.pool.expand = a.value("expand", false);
+        n.pool_mode = n.op == Op::max_pool3d ? PoolMode::max : n.op == Op::avg_pool3d ? PoolMode::avg : PoolMode::sum;
       } else if (n.op == Op::scale_shift) {
         n.scale = take_weight(weights, refs, "scale", n, true);
         n.shift = take_weight(weights, refs, "shift", n, true);
@@ -345,7 +416,7 @@ Runtime Runtime::load(const std::string& directory, Device device) {
     impl->n_coords = static_cast<int>(coord_ids.size());
     impl->voxelize = parse_voxelize(g.value("metadata", json::object()));
   } catch (const json::exception& e) {
-    fail(gpath, "a graph of lattice.graph version 1", e.what());
+    fail(gpath, "a graph of lattice.graph (versions 1, 2)", e.what());
   }
   Runtime r;
   r.impl_ = std::move(impl);
@@ -355,6 +426,16 @@ Runtime Runtime::load(const std::string& directory, Device device) {
 SparseTensor Runtime::Impl::run_node(const Node& n, const std::vector<SparseTensor>& in) const {
   const SparseTensor& x = in[0];
   const Array* bias = n.bias.defined() ? &n.bias : nullptr;
+  if (n.packed) {  // the public quantized API, as lattice.nn's Quantized* modules call it
+    if (n.op == Op::linear) return x.with_feats(ops::quantized_linear(x.feats(), n.q, bias));
+    const ops::ConvPlan plan = ops::plan_conv(n.op_name, n.kind, x, n.conv, in.size() > 1 ? &in[1] : nullptr);
+    return SparseTensor(plan.output, ops::quantized_conv_forward(plan, x.feats(), n.q, bias));
+  }
+  if (is_pool(n.op)) {  // plan + forward, as lattice.ops.max_pool3d / avg_pool3d / sum_pool3d
+    const ops::PoolPlan plan = ops::plan_pool(n.op_name, n.pool_mode, x.coordinate_set(), n.pool,
+                                              in.size() > 1 ? in[1].coordinate_set() : nullptr);
+    return SparseTensor(plan.output, ops::pool_forward(plan, x.feats()).out);
+  }
   switch (n.op) {
     case Op::subm_conv3d:
     case Op::linear:
@@ -576,7 +657,7 @@ Device Runtime::device() const { return impl_->device; }
 std::int64_t Runtime::input_channels() const { return impl_->input_channels; }
 std::vector<std::string> Runtime::output_names() const { return impl_->output_names; }
 std::size_t Runtime::num_nodes() const { return impl_->nodes.size(); }
-int Runtime::version() const { return kVersion; }
+int Runtime::version() const { return impl_->version; }
 const VoxelizeSpec& Runtime::voxelize_spec() const { return impl_->voxelize; }
 std::string Runtime::metadata_json() const { return impl_->graph.value("metadata", json::object()).dump(); }
 
