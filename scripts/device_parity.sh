@@ -20,6 +20,7 @@ BUILD=build-device
 if [ -z "${LATTICE_SHARED_DIR:-}" ] && [ -d shared/bench ]; then export LATTICE_SHARED_DIR=$PWD/shared; fi
 export PYTHONUNBUFFERED=1
 export LATTICE_EXTENSION_DIR=$PWD/$BUILD/py
+export LATTICE_BUILD_DIR=$PWD/$BUILD  # the architecture test's nm symbol check reads this build
 export PYTHONPATH=$PWD/python:$PWD/tests
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
