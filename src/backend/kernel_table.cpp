@@ -11,6 +11,7 @@
 #include "backend/cpu/algebra/algebra_routes.h"
 #include "backend/cpu/coords/coords_routes.h"
 #include "backend/cpu/quantized/quantized_routes.h"
+#include "backend/cpu/relation/relation_routes.h"
 
 #if LATTICE_HAS_CUDA
 #include "backend/cuda/runtime/caps.h"
@@ -18,7 +19,7 @@
 #include "backend/cuda/conv/conv_routes.h"
 #include "backend/cuda/algebra/algebra_routes.h"
 #include "backend/cuda/coords/coords_routes.h"
-#include "backend/cuda/common/relation_build.h"
+#include "backend/cuda/relation/relation_routes.h"
 #include "backend/cuda/point_voxel/point_voxel_routes.h"
 #include "backend/cuda/pool/pool_routes.h"
 #include "backend/cuda/quantized/quantized_routes.h"
@@ -165,17 +166,19 @@ const PointIndexKernels* find_point_index_kernels(Device device) {
   return nullptr;
 }
 
-const DeviceCoordKernels* find_device_coord_kernels(Device device) {
+const RelationKernels* find_relation_kernels(RouteId id) {
+  static const RelationKernels cpu_hash{
+      cpu::relation_cpu_hash_build_table, cpu::relation_cpu_hash_find_duplicate,
+      cpu::relation_cpu_hash_batch_histogram, cpu::relation_cpu_hash_support, cpu::relation_cpu_hash_edges,
+      cpu::relation_cpu_hash_row_masks, cpu::relation_cpu_hash_input_grouping};
 #if LATTICE_HAS_CUDA
-  static const DeviceCoordKernels cuda_kernels{
+  static const RelationKernels cuda_hash{
       cuda::device_build_table, cuda::device_find_duplicate, cuda::device_batch_histogram,
       cuda::device_support, cuda::device_edges, cuda::device_row_masks,
       cuda::device_input_grouping};
-  if (device.is_cuda()) return &cuda_kernels;
-#else
-  (void)device;
+  if (id == RouteId::relation_cuda_hash) return &cuda_hash;
 #endif
-  return nullptr;
+  return id == RouteId::relation_cpu_hash ? &cpu_hash : nullptr;
 }
 
 const QuantizedKernels* find_quantized_kernels(RouteId id) {

@@ -101,8 +101,9 @@ struct CoordsKernels {
 // nullptr when the route has no kernels in this build.
 const CoordsKernels* find_coords_kernels(RouteId id);
 
-// Coordinate sets and relations on a device (lattice/tensor/relation.h, built on the device).
-struct DeviceCoordKernels {
+// The coordinate index and relation building (family "relation": cpu_hash, cuda_hash), same
+// arguments on every device (backend/args.h "coordinate sets and relations on a device").
+struct RelationKernels {
   DeviceCoordTable (*build_table)(const Array& coords) = nullptr;
   DuplicateRow (*find_duplicate)(const Array& coords, const DeviceCoordTable& table) = nullptr;
   BatchHistogram (*batch_histogram)(const Array& coords, std::int64_t n_batches) = nullptr;
@@ -111,8 +112,8 @@ struct DeviceCoordKernels {
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
 };
-// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
-const DeviceCoordKernels* find_device_coord_kernels(Device device);
+// nullptr when the route has no kernels in this build.
+const RelationKernels* find_relation_kernels(RouteId id);
 
 // Capabilities of this process's devices: queried once and cached, except the CPU thread
 // count, which is lattice's current setting (core/threads.h).

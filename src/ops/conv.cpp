@@ -230,10 +230,17 @@ Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::in
                  effective_policy(plan.options.policy, "conv"));
 }
 
+Explanation explain_relation(const ConvPlan& plan) {
+  return explain(relation_problem(*plan.input, plan.kind, plan.relation->kernel_volume, plan.op),
+                 backend::device_caps());
+}
+
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {
   const CheckedWeight w = check_weight(plan, feats, weight);
-  return explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
-                 effective_policy(plan.options.policy, "conv"));
+  Explanation e = explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
+                          effective_policy(plan.options.policy, "conv"));
+  e.prior.push_back(explain_relation(plan));
+  return e;
 }
 
 SparseTensor conv3d(const SparseTensor& x, const Array& weight, const ConvOptions& options,

@@ -296,6 +296,7 @@ Explanation explain_quantized_conv(const ConvPlan& plan, const Array& feats, con
   // dequant_reference decodes the weight, then runs the float conv route this stage shows.
   if (e.chosen == RouteId::quantized_dequant_reference)
     e.stages.push_back(explain_float_conv(plan, feats, w.args.c_out, ConvPass::forward));
+  e.prior.push_back(explain_relation(plan));
   return e;
 }
 

@@ -120,4 +120,14 @@ std::string to_string(const CoordsProblem& p) {
   return p.op + ": " + std::to_string(p.n_rows) + " rows on " + to_string(p.device);
 }
 
+std::string_view to_string(RelationPass pass) { return pass == RelationPass::index ? "index" : "build"; }
+
+std::string to_string(const RelationProblem& p) {
+  std::string s = p.op + " relation " + std::string(to_string(p.pass)) + ": ";
+  if (p.pass == RelationPass::build) {
+    s += std::string(to_string(p.relation)) + " relation, K=" + std::to_string(p.kernel_volume) + ", ";
+  }
+  return s + std::to_string(p.n_rows) + " input rows on " + to_string(p.device);
+}
+
 }  // namespace lattice

@@ -101,6 +101,7 @@ ROUTES = {
     "quantize": ("cuda", "reference"),
     "point_voxel": ("cuda", "parallel", "reference"),
     "quantized": ("cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"),
+    "relation": ("cuda_hash", "cpu_hash"),
 }
 CPU_ROUTES = {
     "conv": ("pointwise_matmul", "gather_gemm_scatter", "reference"),
@@ -110,6 +111,7 @@ CPU_ROUTES = {
     "quantize": ("reference",),
     "point_voxel": ("parallel", "reference"),
     "quantized": ("fused_dequant_gemm",),
+    "relation": ("cpu_hash",),
 }
 
 CONV_KINDS = ("submanifold", "forward", "target", "transposed", "transposed_target", "generative")
@@ -140,6 +142,8 @@ AXES: dict[str, tuple[tuple[str, ...], Callable[[str], tuple[str, ...]], Callabl
                     lambda p: ("build_point_voxel_map",) if p == "build_map" else ("voxelize", "devoxelize")),
     # packed int4 / int8 weights, forward only; geometry: linear or the relation kind
     "quantized": (("forward",), lambda p: FLOATS, lambda p: ("linear", *CONV_KINDS)),
+    # the coordinate index (pass index) and relation building (pass build, by relation kind)
+    "relation": (("index", "build"), lambda p: ("i32",), lambda p: CONV_KINDS if p == "build" else ("-",)),
 }
 
 ALL = None  # a rule field that covers every value of its axis
@@ -202,6 +206,11 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
         # dequant_reference.cu: device decode, then the float CUDA conv route (f32 / f16 / bf16)
         ("dequant_reference", ALL, ("f32", "f16", "bf16"), ALL, _every_tier(ADMITTED)),
         ("dequant_reference", ALL, ("f64",), ALL, _every_tier(Rejected("(float64 runs on cpu), got float64"))),
+    ],
+    "relation": [
+        # relation/hash.cu: every pass, relation kind and tier
+        ("cuda_hash", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        ("cpu_hash", ALL, ALL, ALL, _every_tier(_ON_CPU)),
     ],
 }
 

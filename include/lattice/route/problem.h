@@ -142,4 +142,18 @@ struct CoordsProblem {
 };
 std::string to_string(const CoordsProblem& problem);
 
+// Coordinate indexing and relation building (family "relation"): the hash index over a coordinate
+// set's rows (pass index) or a relation's support, edges and orderings (pass build).
+enum class RelationPass { index, build };
+std::string_view to_string(RelationPass pass);
+struct RelationProblem {
+  std::string op = "subm_conv3d";  // the op that needs the index / relation
+  RelationPass pass = RelationPass::build;
+  RelationKind relation = RelationKind::submanifold;  // pass build only
+  Device device;
+  std::int64_t n_rows = 0;          // rows hashed: the input set (build) or the set (index)
+  std::int64_t kernel_volume = 1;   // pass build only
+};
+std::string to_string(const RelationProblem& problem);
+
 }  // namespace lattice
