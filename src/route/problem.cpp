@@ -130,4 +130,22 @@ std::string to_string(const RelationProblem& p) {
   return s + std::to_string(p.n_rows) + " input rows on " + to_string(p.device);
 }
 
+std::string_view to_string(PoolEdgesPass pass) { return pass == PoolEdgesPass::batch ? "batch" : "trilinear"; }
+
+std::string to_string(const PoolEdgesProblem& p) {
+  return p.op + " " + std::string(to_string(p.pass)) + " edges: " + std::to_string(p.n_rows) + " rows on " +
+         to_string(p.device);
+}
+
+std::string_view to_string(PointIndexPass pass) { return pass == PointIndexPass::batch_ids ? "batch_ids" : "group"; }
+
+std::string to_string(const PointIndexProblem& p) {
+  return p.op + " " + std::string(to_string(p.pass)) + ": " + std::to_string(p.n_points) + " points on " +
+         to_string(p.device);
+}
+
+std::string to_string(const DequantizeProblem& p) {
+  return p.op + " decode: " + std::string(to_string(p.dtype)) + " weight on " + to_string(p.device);
+}
+
 }  // namespace lattice

@@ -16,7 +16,9 @@ const std::vector<RouteInfo>& route_table() {
     for (auto family : {route_detail::conv_route_infos, route_detail::quantize_route_infos,
                         route_detail::point_voxel_route_infos, route_detail::pool_route_infos,
                         route_detail::algebra_route_infos, route_detail::coords_route_infos,
-                        route_detail::quantized_route_infos, route_detail::relation_route_infos}) {
+                        route_detail::quantized_route_infos, route_detail::relation_route_infos,
+                        route_detail::pool_edges_route_infos, route_detail::point_index_route_infos,
+                        route_detail::dequantize_route_infos}) {
       std::vector<RouteInfo> rows;
       family(rows);
       std::stable_sort(rows.begin(), rows.end(),

@@ -156,4 +156,37 @@ struct RelationProblem {
 };
 std::string to_string(const RelationProblem& problem);
 
+// Edge lists pooling builds itself (family "pool_edges"): the rows of each batch (global
+// pooling) or the weighted trilinear neighbours (trilinear_upsample3d).
+enum class PoolEdgesPass { batch, trilinear };
+std::string_view to_string(PoolEdgesPass pass);
+struct PoolEdgesProblem {
+  std::string op = "global_avg_pool";
+  PoolEdgesPass pass = PoolEdgesPass::batch;
+  Device device;
+  std::int64_t n_rows = 0;  // input rows (batch) or fine rows (trilinear)
+};
+std::string to_string(const PoolEdgesProblem& problem);
+
+// Index work of the point family (family "point_index"): the check and narrowing of batch ids
+// (batch_ids) and the CSR of points per voxel (group).
+enum class PointIndexPass { batch_ids, group };
+std::string_view to_string(PointIndexPass pass);
+struct PointIndexProblem {
+  std::string op = "sparse_quantize";
+  PointIndexPass pass = PointIndexPass::batch_ids;
+  Device device;
+  std::int64_t n_points = 0;
+};
+std::string to_string(const PointIndexProblem& problem);
+
+// The packed-weight decoder (family "dequantize"): a whole QuantizedWeight decoded to
+// (K, C_in, C_out) of `dtype` on the weight's device.
+struct DequantizeProblem {
+  std::string op = "dequantize_weight";
+  Dtype dtype = Dtype::f32;
+  Device device;
+};
+std::string to_string(const DequantizeProblem& problem);
+
 }  // namespace lattice

@@ -43,6 +43,12 @@ enum class RouteId {
   quantized_cuda_dequant_gemm,
   relation_cpu_hash,
   relation_cuda_hash,
+  pool_edges_reference,
+  pool_edges_cuda,
+  point_index_reference,
+  point_index_cuda,
+  dequantize_reference,
+  dequantize_cuda,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text
@@ -132,6 +138,12 @@ Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
 Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 Explanation explain(const RelationProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PoolEdgesProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 
 template <class Problem>
