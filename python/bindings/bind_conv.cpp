@@ -58,6 +58,7 @@ void bind_conv(py::module_& m) {
         return rows;
       })
       .def_readonly("stages", &Explanation::stages)
+      .def_readonly("prior", &Explanation::prior)
       .def("__str__", &Explanation::to_string)
       .def("__repr__", &Explanation::to_string);
 

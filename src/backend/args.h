@@ -375,22 +375,27 @@ struct NonzeroResult {
   std::vector<std::int64_t> counts;  // per batch
 };
 
-// ---- coordinate sets and relations on a device (src/backend/cuda/common/relation_build.cu) ----
+// ---- coordinate sets and relations on a device (src/backend/cuda/relation/hash.cu) ----
 // Coordinates are contiguous (N, 4) int32 arrays on one device; every array below lives there.
 
 // A device hash table over the rows of a coordinate array (backend/cuda/common/coord_table.cuh):
 // slots int32 (capacity, a power of two), -1 = empty, each key holding its smallest row; linear
 // probing from hash_coord(row) & mask. The coordinate array itself holds the keys.
-struct DeviceCoordTable {
-  Array slots;
-  std::uint64_t mask = 0;
-};
 // The smallest row that repeats an earlier row, its value and the earlier (first) row; row -1
 // when every row is unique.
 struct DuplicateRow {
   std::int64_t row = -1;
   std::int64_t first = -1;
   geometry::Coord4 value{0, 0, 0, 0};
+};
+// The coordinate index of a relation route (family "relation"), on the coordinates' device.
+// cuda_hash: slots int32 (capacity), see above. cpu_hash (backend/cpu/relation/hash.cpp): slots
+// int32 (capacity, 5), each a geometry::HostCoordSlot (key beside its row, -1 = empty), and the
+// first repeated row found while inserting in row order (which its find_duplicate returns).
+struct DeviceCoordTable {
+  Array slots;
+  std::uint64_t mask = 0;
+  DuplicateRow duplicate;  // cpu_hash only
 };
 // Rows per batch id in [0, n_batches), and the smallest row whose batch id lies outside that
 // range (bad_row -1 when none) with its id.
@@ -420,6 +425,7 @@ struct DeviceSupportResult {
   // and the first such coordinate value (x, then y, then z); -1 when none.
   std::int64_t overflow_row = -1;
   std::int64_t overflow_value = 0;
+  bool too_many_rows = false;  // cpu_hash: 2^31 unique rows or more (coords undefined)
 };
 
 // The edges of a relation: map[o, k] = the input row feeding (o, k) or -1, by the gather rule
@@ -450,6 +456,7 @@ struct DeviceInputGroupingArgs {
   std::int64_t kernel_volume = 1;
   std::int64_t n_edges = 0;
   Array in_idx, out_idx, k_idx;  // the output-major edge list
+  Array k_ptr, k_in, k_out;      // the per-offset grouping (read by cpu_hash)
 };
 struct DeviceInputGrouping {
   Array in_ptr, kt_in, kt_out;

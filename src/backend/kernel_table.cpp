@@ -10,7 +10,9 @@
 #include "backend/cpu/pool/pool_routes.h"
 #include "backend/cpu/algebra/algebra_routes.h"
 #include "backend/cpu/coords/coords_routes.h"
+#include "backend/cpu/quantized/dequantize_routes.h"
 #include "backend/cpu/quantized/quantized_routes.h"
+#include "backend/cpu/relation/relation_routes.h"
 
 #if LATTICE_HAS_CUDA
 #include "backend/cuda/runtime/caps.h"
@@ -18,9 +20,12 @@
 #include "backend/cuda/conv/conv_routes.h"
 #include "backend/cuda/algebra/algebra_routes.h"
 #include "backend/cuda/coords/coords_routes.h"
-#include "backend/cuda/common/relation_build.h"
+#include "backend/cuda/relation/relation_routes.h"
 #include "backend/cuda/point_voxel/point_voxel_routes.h"
 #include "backend/cuda/pool/pool_routes.h"
+#include "backend/cuda/pool/pool_edges_routes.h"
+#include "backend/cuda/point_voxel/point_index_routes.h"
+#include "backend/cuda/quantized/dequantize_routes.h"
 #include "backend/cuda/quantized/quantized_routes.h"
 #endif
 
@@ -37,13 +42,13 @@ const bool kCudaAllocatorRegistered = (cuda::register_cuda_allocator(), true);
 
 const ConvKernels* find_conv_kernels(RouteId id) {
   static const ConvKernels reference{cpu::conv_reference_forward, cpu::conv_reference_input_grad,
-                                     cpu::conv_reference_weight_grad};
+                                     cpu::conv_reference_weight_grad, cpu::conv_reference_bias_grad};
   static const ConvKernels pointwise{cpu::conv_pointwise_matmul_forward,
                                      cpu::conv_pointwise_matmul_input_grad,
-                                     cpu::conv_pointwise_matmul_weight_grad};
+                                     cpu::conv_pointwise_matmul_weight_grad, cpu::conv_reference_bias_grad};
   static const ConvKernels gather{cpu::conv_gather_gemm_scatter_forward,
                                   cpu::conv_gather_gemm_scatter_input_grad,
-                                  cpu::conv_gather_gemm_scatter_weight_grad};
+                                  cpu::conv_gather_gemm_scatter_weight_grad, cpu::conv_reference_bias_grad};
 #if LATTICE_HAS_CUDA
   static const ConvKernels cuda_gather{
       cuda::conv_cuda_gather_gemm_scatter_forward, cuda::conv_cuda_gather_gemm_scatter_input_grad,
@@ -145,37 +150,37 @@ const CoordsKernels* find_coords_kernels(RouteId id) {
   }
 }
 
-const PoolEdgeKernels* find_pool_edge_kernels(Device device) {
+const PoolEdgeKernels* find_pool_edge_kernels(RouteId id) {
+  static const PoolEdgeKernels reference{cpu::pool_edges_reference_batch, cpu::pool_edges_reference_trilinear};
 #if LATTICE_HAS_CUDA
-  static const PoolEdgeKernels cuda_kernels{cuda::pool_batch_edges, cuda::pool_trilinear_edges};
-  if (device.is_cuda()) return &cuda_kernels;
-#else
-  (void)device;
+  static const PoolEdgeKernels cuda_kernels{cuda::pool_edges_cuda_batch, cuda::pool_edges_cuda_trilinear};
+  if (id == RouteId::pool_edges_cuda) return &cuda_kernels;
 #endif
-  return nullptr;
+  return id == RouteId::pool_edges_reference ? &reference : nullptr;
 }
 
-const PointIndexKernels* find_point_index_kernels(Device device) {
+const PointIndexKernels* find_point_index_kernels(RouteId id) {
+  static const PointIndexKernels reference{cpu::point_index_reference_batch_ids, cpu::point_index_reference_group};
 #if LATTICE_HAS_CUDA
-  static const PointIndexKernels cuda_kernels{cuda::batch_ids, cuda::group_points_by_voxel};
-  if (device.is_cuda()) return &cuda_kernels;
-#else
-  (void)device;
+  static const PointIndexKernels cuda_kernels{cuda::point_index_cuda_batch_ids, cuda::point_index_cuda_group};
+  if (id == RouteId::point_index_cuda) return &cuda_kernels;
 #endif
-  return nullptr;
+  return id == RouteId::point_index_reference ? &reference : nullptr;
 }
 
-const DeviceCoordKernels* find_device_coord_kernels(Device device) {
+const RelationKernels* find_relation_kernels(RouteId id) {
+  static const RelationKernels cpu_hash{
+      cpu::relation_cpu_hash_build_table, cpu::relation_cpu_hash_find_duplicate,
+      cpu::relation_cpu_hash_batch_histogram, cpu::relation_cpu_hash_support, cpu::relation_cpu_hash_edges,
+      cpu::relation_cpu_hash_row_masks, cpu::relation_cpu_hash_input_grouping};
 #if LATTICE_HAS_CUDA
-  static const DeviceCoordKernels cuda_kernels{
+  static const RelationKernels cuda_hash{
       cuda::device_build_table, cuda::device_find_duplicate, cuda::device_batch_histogram,
       cuda::device_support, cuda::device_edges, cuda::device_row_masks,
       cuda::device_input_grouping};
-  if (device.is_cuda()) return &cuda_kernels;
-#else
-  (void)device;
+  if (id == RouteId::relation_cuda_hash) return &cuda_hash;
 #endif
-  return nullptr;
+  return id == RouteId::relation_cpu_hash ? &cpu_hash : nullptr;
 }
 
 const QuantizedKernels* find_quantized_kernels(RouteId id) {
@@ -194,11 +199,11 @@ const QuantizedKernels* find_quantized_kernels(RouteId id) {
   }
 }
 
-void (*find_dequantize_kernel(Device device))(const DequantizeArgs&) {
-  // The CPU decoder is dequant_reference's; the CUDA one is filed under the CUDA route.
-  const QuantizedKernels* k = find_quantized_kernels(device.is_cpu() ? RouteId::quantized_dequant_reference
-                                                                     : RouteId::quantized_cuda_dequant_gemm);
-  return k ? k->dequantize : nullptr;
+DequantizeFn find_dequantize_kernel(RouteId id) {
+#if LATTICE_HAS_CUDA
+  if (id == RouteId::dequantize_cuda) return cuda::dequantize_cuda;
+#endif
+  return id == RouteId::dequantize_reference ? cpu::dequantize_reference : nullptr;
 }
 
 DeviceCaps device_caps() {

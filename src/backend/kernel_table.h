@@ -16,7 +16,7 @@ struct ConvKernels {
   ConvFn forward = nullptr;
   ConvFn input_grad = nullptr;
   ConvFn weight_grad = nullptr;
-  ConvFn bias_grad = nullptr;  // dbias from dy on the route's device; null: the caller sums on the host
+  ConvFn bias_grad = nullptr;  // dbias from dy on the route's device
 };
 // nullptr when the route has no kernels in this build.
 const ConvKernels* find_conv_kernels(RouteId id);
@@ -30,9 +30,10 @@ struct QuantizedKernels {
 };
 // nullptr when the route has no kernels in this build.
 const QuantizedKernels* find_quantized_kernels(RouteId id);
-// The packed-weight decoder for data on `device` (dequant_reference's whole-weight dequantize):
-// nullptr when this build has none for that device.
-void (*find_dequantize_kernel(Device device))(const DequantizeArgs&);
+// The packed-weight decoder (family "dequantize": reference, cuda): nullptr when the route has no
+// kernel in this build.
+using DequantizeFn = void (*)(const DequantizeArgs&);
+DequantizeFn find_dequantize_kernel(RouteId id);
 
 using QuantizeFn = QuantizeResult (*)(const QuantizeArgs&);
 QuantizeFn find_quantize_kernel(RouteId id);
@@ -58,23 +59,22 @@ struct PoolKernels {
 // nullptr when the route has no kernels in this build.
 const PoolKernels* find_pool_kernels(RouteId id);
 
-// Edge lists of global pooling and trilinear upsampling built on a device (ops/pool.cpp builds
-// them with host loops for CPU coordinates).
+// Edge lists of global pooling and trilinear upsampling (family "pool_edges": reference, cuda).
 struct PoolEdgeKernels {
   PoolEdgeList (*batch_edges)(const BatchEdgesArgs&) = nullptr;
   PoolEdgeList (*trilinear_edges)(const TrilinearEdgesArgs&) = nullptr;
 };
-// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
-const PoolEdgeKernels* find_pool_edge_kernels(Device device);
+// nullptr when the route has no kernels in this build.
+const PoolEdgeKernels* find_pool_edge_kernels(RouteId id);
 
-// Point-family index work on a device (ops/quantize.cpp and ops/point_voxel.cpp do it with host
-// loops for CPU data): batch id checks and the CSR of points per voxel.
+// Point-family index work (family "point_index": reference, cuda): batch id checks and the CSR
+// of points per voxel.
 struct PointIndexKernels {
   BatchIdsResult (*batch_ids)(const BatchIdsArgs&) = nullptr;
   PointGroupResult (*group)(const PointGroupArgs&) = nullptr;
 };
-// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
-const PointIndexKernels* find_point_index_kernels(Device device);
+// nullptr when the route has no kernels in this build.
+const PointIndexKernels* find_point_index_kernels(RouteId id);
 
 using AlignFn = AlignResult (*)(const AlignArgs&);
 using LookupFn = void (*)(const LookupArgs&);
@@ -101,8 +101,9 @@ struct CoordsKernels {
 // nullptr when the route has no kernels in this build.
 const CoordsKernels* find_coords_kernels(RouteId id);
 
-// Coordinate sets and relations on a device (lattice/tensor/relation.h, built on the device).
-struct DeviceCoordKernels {
+// The coordinate index and relation building (family "relation": cpu_hash, cuda_hash), same
+// arguments on every device (backend/args.h "coordinate sets and relations on a device").
+struct RelationKernels {
   DeviceCoordTable (*build_table)(const Array& coords) = nullptr;
   DuplicateRow (*find_duplicate)(const Array& coords, const DeviceCoordTable& table) = nullptr;
   BatchHistogram (*batch_histogram)(const Array& coords, std::int64_t n_batches) = nullptr;
@@ -111,8 +112,8 @@ struct DeviceCoordKernels {
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
 };
-// nullptr when `device` is not a CUDA device or the build has no CUDA backend.
-const DeviceCoordKernels* find_device_coord_kernels(Device device);
+// nullptr when the route has no kernels in this build.
+const RelationKernels* find_relation_kernels(RouteId id);
 
 // Capabilities of this process's devices: queried once and cached, except the CPU thread
 // count, which is lattice's current setting (core/threads.h).

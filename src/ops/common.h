@@ -26,6 +26,9 @@ struct ConvPlan;
 // The conv table's decision for `plan` over float `feats` and a weight of `c_out` columns (what
 // conv_forward / conv_backward choose); quantized dequant_reference reports it as its next stage.
 Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::int64_t c_out, ConvPass pass);
+// The relation route that builds (or built) the plan's relation (family "relation"): the decision
+// explain_conv lists before the conv route's.
+Explanation explain_relation(const ConvPlan& plan);
 
 // ---- relation planning shared by the ops that run over relations (conv, pool) ------------------
 

@@ -93,21 +93,6 @@ const backend::ConvKernels& choose(const ConvPlan& plan, const ConvProblem& prob
 }
 
 // Column sums of grad_out (n_out, C_out) -> (C_out), accumulated in f32 (f64 for f64).
-Array bias_grad(const Array& dy) {
-  Array g = Array::empty({dy.dim(1)}, dy.dtype());
-  dispatch_float(dy.dtype(), "conv3d", "grad_out", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* src = dy.data<T>();
-    T* dst = g.data<T>();
-    const std::int64_t n = dy.dim(0), c = dy.dim(1);
-    std::vector<Accum<T>> acc(static_cast<std::size_t>(c), Accum<T>(0));
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t j = 0; j < c; ++j) acc[static_cast<std::size_t>(j)] += load(src[i * c + j]);
-    for (std::int64_t j = 0; j < c; ++j) dst[j] = store<T>(acc[static_cast<std::size_t>(j)]);
-  });
-  return g;
-}
-
 }  // namespace
 
 ConvPlan plan_conv(std::string_view op, RelationKind kind, const SparseTensor& x,
@@ -211,16 +196,13 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
   }
   if (request.bias) {
-    // A route with a bias kernel sums on its device; otherwise the host sums (CPU routes).
+    // The weight-gradient route sums dy's columns on its device (every route has a bias kernel).
     const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
-    if (k.bias_grad) {
-      grads.bias = Array::empty({w.c_out}, x.dtype(), x.device());
-      args.rel = relation_view(*plan.relation);
-      args.dbias = grads.bias.raw_data();
-      k.bias_grad(args);
-    } else {
-      grads.bias = x.device().is_cpu() ? bias_grad(dy) : bias_grad(dy.to(Device::cpu())).to(x.device());
-    }
+    LATTICE_ASSERT(k.bias_grad != nullptr, "admitted conv route has no bias_grad kernel");
+    grads.bias = Array::empty({w.c_out}, x.dtype(), x.device());
+    args.rel = relation_view(*plan.relation);
+    args.dbias = grads.bias.raw_data();
+    k.bias_grad(args);
   }
   return grads;
 }
@@ -230,10 +212,17 @@ Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::in
                  effective_policy(plan.options.policy, "conv"));
 }
 
+Explanation explain_relation(const ConvPlan& plan) {
+  return explain(relation_problem(*plan.input, plan.kind, plan.relation->kernel_volume, plan.op),
+                 backend::device_caps());
+}
+
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {
   const CheckedWeight w = check_weight(plan, feats, weight);
-  return explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
-                 effective_policy(plan.options.policy, "conv"));
+  Explanation e = explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
+                          effective_policy(plan.options.policy, "conv"));
+  e.prior.push_back(explain_relation(plan));
+  return e;
 }
 
 SparseTensor conv3d(const SparseTensor& x, const Array& weight, const ConvOptions& options,

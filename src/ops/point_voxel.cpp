@@ -131,8 +131,15 @@ PointGrouping group_points(const Array& points, const QuantizeOptions& options,
   g.voxels = CoordinateSet::create(out.coords, {1, 1, 1}, std::nullopt, false, op);
   g.inverse = std::move(out.inverse);
   g.counts = std::move(out.counts);
-  if (!g.inverse.device().is_cpu()) {  // the same stable grouping, on the device
-    const backend::PointIndexKernels* k = backend::find_point_index_kernels(g.inverse.device());
+  {  // the CSR of points per voxel (a stable grouping), by the point_index route
+    PointIndexProblem problem;
+    problem.op = std::string(op);
+    problem.pass = PointIndexPass::group;
+    problem.device = g.inverse.device();
+    problem.n_points = g.inverse.dim(0);
+    const std::optional<RouteId> route =
+        select(problem, backend::device_caps(), RoutePolicy{});
+    const backend::PointIndexKernels* k = route ? backend::find_point_index_kernels(*route) : nullptr;
     LATTICE_ASSERT(k != nullptr, "points on a device without point index kernels");
     backend::PointGroupArgs args;
     args.n_points = g.inverse.dim(0);
@@ -144,19 +151,6 @@ PointGrouping group_points(const Array& points, const QuantizeOptions& options,
     g.point_idx = std::move(r.point_idx);
     return g;
   }
-  // CSR of points per voxel by a stable counting sort: points of a voxel stay ascending.
-  const std::int64_t n = g.inverse.dim(0), m = g.counts.dim(0);
-  const auto* inv = g.inverse.data<std::int64_t>();
-  const auto* cnt = g.counts.data<std::int64_t>();
-  g.voxel_ptr = Array::empty({m + 1}, Dtype::i64);
-  auto* ptr = g.voxel_ptr.data<std::int64_t>();
-  ptr[0] = 0;
-  for (std::int64_t v = 0; v < m; ++v) ptr[v + 1] = ptr[v] + cnt[v];
-  g.point_idx = Array::empty({n}, Dtype::i64);
-  auto* idx = g.point_idx.data<std::int64_t>();
-  std::vector<std::int64_t> pos(ptr, ptr + m);
-  for (std::int64_t p = 0; p < n; ++p) idx[pos[static_cast<std::size_t>(inv[p])]++] = p;
-  return g;
 }
 
 namespace {

@@ -22,16 +22,25 @@ void check_input(std::string_view op, const std::shared_ptr<CoordinateSet>& x) {
   if (!x) throw_value_error(op, "input", "a SparseTensor", "an empty SparseTensor");
 }
 
-// The device edge builders for coordinates on `device` (UnsupportedError when this build has none).
-const backend::PoolEdgeKernels& edge_kernels(std::string_view op, Device device) {
-  const backend::PoolEdgeKernels* k = backend::find_pool_edge_kernels(device);
+// The edge builders of the pool_edges route chosen for `pass` on `device` (UnsupportedError when
+// this build has none for that device).
+const backend::PoolEdgeKernels& edge_kernels(std::string_view op, PoolEdgesPass pass, Device device,
+                                             std::int64_t n_rows) {
+  PoolEdgesProblem problem;
+  problem.op = std::string(op);
+  problem.pass = pass;
+  problem.device = device;
+  problem.n_rows = n_rows;
+  const std::optional<RouteId> route =
+      select(problem, backend::device_caps(), RoutePolicy{});
+  const backend::PoolEdgeKernels* k = route ? backend::find_pool_edge_kernels(*route) : nullptr;
   if (!k)
     throw UnsupportedError("[" + std::string(op) + "] coords: expected coordinates on a device " +
                            "this build supports, got " + to_string(device));
   return *k;
 }
 
-// Stores an edge list built on the device into the plan.
+// Stores an edge list built by a pool_edges route into the plan.
 void set_device_edges(PoolPlan& plan, backend::PoolEdgeList&& edges) {
   plan.n_out = edges.out_ptr.dim(0) - 1;
   plan.n_edges = edges.in_idx.dim(0);
@@ -78,16 +87,6 @@ PoolPlan plan_base(std::string_view op, PoolMode mode, PoolEdges edges,
   plan.n_in = x->size();
   plan.input = x;
   return plan;
-}
-
-// Stores an edge list built here into the plan.
-void set_edges(PoolPlan& plan, const std::vector<std::int64_t>& out_ptr,
-               const std::vector<std::int32_t>& in_idx, const std::vector<double>* weights) {
-  plan.n_out = static_cast<std::int64_t>(out_ptr.size()) - 1;
-  plan.n_edges = static_cast<std::int64_t>(in_idx.size());
-  plan.out_ptr = Array::from_vector(out_ptr);
-  plan.in_idx = Array::from_vector(in_idx);
-  if (weights) plan.weights = Array::from_vector(*weights);
 }
 
 PoolProblem make_problem(const PoolPlan& plan, const Array& features, PoolPass pass) {
@@ -171,14 +170,14 @@ PoolPlan plan_global_pool(std::string_view op, PoolMode mode,
   check_input(op, x);
   PoolPlan plan = plan_base(op, mode, PoolEdges::batch, x, options);
   const std::int64_t n = x->size();
-  if (!x->coords().device().is_cpu()) {
+  {
     backend::BatchEdgesArgs a;
     a.n = n;
     a.coords = x->coords().data<std::int32_t>();
     a.batches =
         x->batch_counts() ? static_cast<std::int64_t>(x->batch_counts()->size()) : std::int64_t{-1};
     a.device = x->coords().device();
-    backend::PoolEdgeList edges = edge_kernels(op, a.device).batch_edges(a);
+    backend::PoolEdgeList edges = edge_kernels(op, PoolEdgesPass::batch, a.device, n).batch_edges(a);
     if (edges.negative_row >= 0)
       throw_value_error(op, "coords", "batch ids >= 0 for global pooling",
                         "batch id " + std::to_string(edges.negative_batch) + " at row " +
@@ -191,35 +190,6 @@ PoolPlan plan_global_pool(std::string_view op, PoolMode mode,
     set_device_edges(plan, std::move(edges));
     return plan;
   }
-  const std::int32_t* rows = x->coords().data<std::int32_t>();
-  std::int64_t batches = 0;
-  if (x->batch_counts()) {
-    batches = static_cast<std::int64_t>(x->batch_counts()->size());  // ids already checked in range
-  } else {
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int32_t b = rows[4 * r];
-      if (b < 0)
-        throw_value_error(op, "coords", "batch ids >= 0 for global pooling",
-                          "batch id " + std::to_string(b) + " at row " + std::to_string(r));
-      batches = std::max<std::int64_t>(batches, std::int64_t{b} + 1);
-    }
-  }
-  // Stable counting sort of the rows by batch id: each batch's rows in row order.
-  std::vector<std::int64_t> out_ptr(static_cast<std::size_t>(batches + 1), 0);
-  for (std::int64_t r = 0; r < n; ++r) ++out_ptr[static_cast<std::size_t>(rows[4 * r]) + 1];
-  if (mode == PoolMode::max) {
-    for (std::int64_t b = 0; b < batches; ++b)
-      if (out_ptr[b + 1] == 0)
-        throw_value_error(
-            op, "input", "at least one row in every batch (the max of an empty batch is undefined)",
-            "no rows in batch " + std::to_string(b) + " of " + std::to_string(batches));
-  }
-  for (std::int64_t b = 0; b < batches; ++b) out_ptr[b + 1] += out_ptr[b];
-  std::vector<std::int32_t> in_idx(static_cast<std::size_t>(n));
-  std::vector<std::int64_t> cursor(out_ptr.begin(), out_ptr.end() - 1);
-  for (std::int64_t r = 0; r < n; ++r) in_idx[cursor[rows[4 * r]]++] = static_cast<std::int32_t>(r);
-  set_edges(plan, out_ptr, in_idx, nullptr);
-  return plan;
 }
 
 PoolPlan plan_trilinear_upsample(std::string_view op, const std::shared_ptr<CoordinateSet>& x,
@@ -260,66 +230,18 @@ PoolPlan plan_trilinear_upsample(std::string_view op, const std::shared_ptr<Coor
   PoolPlan plan = plan_base(op, PoolMode::weighted, PoolEdges::trilinear, x, options);
   plan.output = fine;
   const CoordIndex& index = x->index(op);
-  if (!x->coords().device().is_cpu()) {
-    backend::TrilinearEdgesArgs a;
-    a.n_coarse = x->size();
-    a.n_fine = fine->size();
-    a.coarse = x->coords().data<std::int32_t>();
-    a.fine = fine->coords().data<std::int32_t>();
-    if (const backend::DeviceCoordTable* t = index.device_table(); t && t->slots.defined()) {
-      a.coarse_slots = t->slots.data<std::int32_t>();
-      a.coarse_mask = t->mask;
-    }
-    a.ratio = ratio;
-    a.device = x->coords().device();
-    set_device_edges(plan, edge_kernels(op, a.device).trilinear_edges(a));
-    return plan;
+  backend::TrilinearEdgesArgs a;
+  a.n_coarse = x->size();
+  a.n_fine = fine->size();
+  a.coarse = x->coords().data<std::int32_t>();
+  a.fine = fine->coords().data<std::int32_t>();
+  if (const backend::DeviceCoordTable& t = index.table(); t.slots.defined()) {  // the coarse set's index
+    a.coarse_slots = t.slots.data<std::int32_t>();
+    a.coarse_mask = t.mask;
   }
-  const std::int64_t n_fine = fine->size();
-  const std::int32_t* rows = fine->coords().data<std::int32_t>();
-  std::vector<std::int64_t> out_ptr(static_cast<std::size_t>(n_fine + 1), 0);
-  std::vector<std::int32_t> in_idx;
-  std::vector<double> weights;
-  in_idx.reserve(static_cast<std::size_t>(n_fine) * 8);
-  weights.reserve(static_cast<std::size_t>(n_fine) * 8);
-  for (std::int64_t o = 0; o < n_fine; ++o) {
-    // Per axis: u = (2f + 1 - r) / (2r) coarse units; lo = floor(u); integer weights (2r - m)
-    // for lo and m for lo + 1 over the common denominator 2r, which cancels in the normalisation.
-    std::int64_t lo[3], w[3][2];
-    for (int a = 0; a < 3; ++a) {
-      const std::int64_t r = ratio[a], num = 2 * std::int64_t{rows[4 * o + 1 + a]} + 1 - r,
-                         den = 2 * r;
-      lo[a] = geometry::floor_div(num, den);
-      const std::int64_t m = num - lo[a] * den;
-      w[a][0] = den - m;
-      w[a][1] = m;
-    }
-    const std::size_t first = in_idx.size();
-    double total = 0;
-    for (int corner = 0; corner < 8; ++corner) {
-      const int d[3] = {(corner >> 2) & 1, (corner >> 1) & 1, corner & 1};
-      const double wc = static_cast<double>(w[0][d[0]]) * static_cast<double>(w[1][d[1]]) *
-                        static_cast<double>(w[2][d[2]]);
-      if (wc == 0) continue;
-      std::int64_t c[3];
-      bool fits = true;
-      for (int a = 0; a < 3; ++a) {
-        c[a] = lo[a] + d[a];
-        fits = fits && geometry::fits_int32(c[a]);
-      }
-      if (!fits) continue;
-      const std::int64_t i = index.find(
-          geometry::Coord4{rows[4 * o], static_cast<std::int32_t>(c[0]),
-                           static_cast<std::int32_t>(c[1]), static_cast<std::int32_t>(c[2])});
-      if (i < 0) continue;
-      in_idx.push_back(static_cast<std::int32_t>(i));
-      weights.push_back(wc);
-      total += wc;
-    }
-    for (std::size_t e = first; e < weights.size(); ++e) weights[e] /= total;
-    out_ptr[o + 1] = static_cast<std::int64_t>(in_idx.size());
-  }
-  set_edges(plan, out_ptr, in_idx, &weights);
+  a.ratio = ratio;
+  a.device = x->coords().device();
+  set_device_edges(plan, edge_kernels(op, PoolEdgesPass::trilinear, a.device, a.n_fine).trilinear_edges(a));
   return plan;
 }
 
@@ -372,8 +294,18 @@ Explanation explain_pool(const PoolPlan& plan, const Array& feats, PoolPass pass
     check_features(plan, feats, "feats", plan.n_in, "N_in");
   else
     check_features(plan, feats, "grad_out", plan.n_out, "N_out");
-  return explain(make_problem(plan, feats, pass), backend::device_caps(),
-                 effective_policy(plan.policy, "pool"));
+  Explanation e = explain(make_problem(plan, feats, pass), backend::device_caps(),
+                          effective_policy(plan.policy, "pool"));
+  // The edge list this plan's pool_edges route built (global pooling, trilinear upsampling).
+  if (plan.edges == PoolEdges::batch || plan.edges == PoolEdges::trilinear) {
+    PoolEdgesProblem problem;
+    problem.op = plan.op;
+    problem.pass = plan.edges == PoolEdges::batch ? PoolEdgesPass::batch : PoolEdgesPass::trilinear;
+    problem.device = plan.input->coords().device();
+    problem.n_rows = plan.edges == PoolEdges::batch ? plan.n_in : plan.n_out;
+    e.prior.push_back(explain(problem, backend::device_caps()));
+  }
+  return e;
 }
 
 // ---- one-call conveniences ----------------------------------------------------------------------

@@ -44,8 +44,15 @@ Array checked_batch(std::string_view op, const Array* batch_indices, std::int64_
     throw_value_error(op, "batch_indices", "the device of points (" + to_string(device) + ")",
                       to_string(b.device()));
   const Array bc = b.contiguous();
-  if (!device.is_cpu()) {  // checked and narrowed on the device
-    const backend::PointIndexKernels* k = backend::find_point_index_kernels(device);
+  {  // checked and narrowed by the point_index route, on the data's device
+    PointIndexProblem problem;
+    problem.op = std::string(op);
+    problem.pass = PointIndexPass::batch_ids;
+    problem.device = device;
+    problem.n_points = n;
+    const std::optional<RouteId> route =
+        select(problem, backend::device_caps(), RoutePolicy{});
+    const backend::PointIndexKernels* k = route ? backend::find_point_index_kernels(*route) : nullptr;
     if (!k)
       throw UnsupportedError("[" + std::string(op) + "] batch_indices: expected a device this " +
                              "build supports, got " + to_string(device));
@@ -60,17 +67,6 @@ Array checked_batch(std::string_view op, const Array* batch_indices, std::int64_
                         std::to_string(r.bad_value) + " at row " + std::to_string(r.bad_row));
     return std::move(r.batch);
   }
-  Array batch = Array::empty({n}, Dtype::i32);
-  auto* dst = batch.data<std::int32_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t v =
-        bc.dtype() == Dtype::i32 ? bc.data<std::int32_t>()[i] : bc.data<std::int64_t>()[i];
-    if (v < 0 || v > 2147483647)
-      throw_value_error(op, "batch_indices", "values in [0, 2^31)",
-                        std::to_string(v) + " at row " + std::to_string(i));
-    dst[i] = static_cast<std::int32_t>(v);
-  }
-  return batch;
 }
 
 }  // namespace detail

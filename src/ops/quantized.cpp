@@ -220,10 +220,19 @@ const backend::QuantizedKernels& kernels_of(RouteId id) {
   return *k;
 }
 
-// The whole weight (K, C_in, C_out) of `dtype` on `device`: dequant_reference's decoder (on
-// CUDA data the device decoder, which the kernel table files under the CUDA route).
+// The packed-weight decoder route (family dequantize) for a `dtype` weight on `device`, or null
+// when no route is admitted (CUDA weights in a build without CUDA).
+backend::DequantizeFn decoder(Dtype dtype, const Device& device) {
+  DequantizeProblem problem;
+  problem.dtype = dtype;
+  problem.device = device;
+  const std::optional<RouteId> route = select(problem, backend::device_caps());
+  return route ? backend::find_dequantize_kernel(*route) : nullptr;
+}
+
+// The whole weight (K, C_in, C_out) of `dtype` on `device`, by the dequantize route.
 Array dequantize_checked(const CheckedQuantized& w, Dtype dtype, const Device& device) {
-  const auto dequantize = backend::find_dequantize_kernel(device);
+  const backend::DequantizeFn dequantize = decoder(dtype, device);
   LATTICE_ASSERT(dequantize != nullptr, "no packed-weight decoder for this device in this build");
   Array out = Array::empty({w.args.kernel_volume, w.args.c_in, w.args.c_out}, dtype, device);
   backend::DequantizeArgs a;
@@ -296,6 +305,7 @@ Explanation explain_quantized_conv(const ConvPlan& plan, const Array& feats, con
   // dequant_reference decodes the weight, then runs the float conv route this stage shows.
   if (e.chosen == RouteId::quantized_dequant_reference)
     e.stages.push_back(explain_float_conv(plan, feats, w.args.c_out, ConvPass::forward));
+  e.prior.push_back(explain_relation(plan));
   return e;
 }
 
@@ -388,7 +398,7 @@ Array dequantize_kernel_major(std::string_view op, const QuantizedWeight& weight
     kv = weight.shape[1] * weight.shape[2] * weight.shape[3];
   }
   if (!weight.packed.defined()) throw_value_error(op, "weight", "packed words", "nothing");
-  if (backend::find_dequantize_kernel(weight.packed.device()) == nullptr)
+  if (decoder(dtype, weight.packed.device()) == nullptr)
     throw UnsupportedError("[" + std::string(op) + "] weight: expected a CPU weight (this build has no CUDA backend), got " +
                            to_string(weight.packed.device()));
   const CheckedQuantized w = check_quantized(op, weight, c_in, weight.packed.device(), is_linear, kv, ks);

@@ -59,7 +59,7 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
       .device = "cpu",
       .tier = GpuTier::none,
       .rank = 0,
-      .kernels = "cpu::conv_pointwise_matmul_forward cpu::conv_pointwise_matmul_input_grad cpu::conv_pointwise_matmul_weight_grad",
+      .kernels = "cpu::conv_pointwise_matmul_forward cpu::conv_pointwise_matmul_input_grad cpu::conv_pointwise_matmul_weight_grad cpu::conv_reference_bias_grad",
       .files = {{{"src/backend/cpu/conv/pointwise_matmul.cpp",
           "CPU; kernel volume 1; identity relation (edges exactly (i, i, 0) for every row, "
           "so n_in == n_out); float dtypes (f16, bf16, f32, f64). Deterministic."}}}},
@@ -70,7 +70,7 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
       .device = "cpu",
       .tier = GpuTier::none,
       .rank = 1,
-      .kernels = "cpu::conv_gather_gemm_scatter_forward cpu::conv_gather_gemm_scatter_input_grad cpu::conv_gather_gemm_scatter_weight_grad",
+      .kernels = "cpu::conv_gather_gemm_scatter_forward cpu::conv_gather_gemm_scatter_input_grad cpu::conv_gather_gemm_scatter_weight_grad cpu::conv_reference_bias_grad",
       .files = {{{"src/backend/cpu/conv/gather_gemm_scatter.cpp",
           "CPU; float dtypes (f16, bf16, f32, f64); any relation kind, any kernel volume, "
           "any edge count. Deterministic: bitwise-identical results for the same inputs and build."}}}},
@@ -109,7 +109,7 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
       .device = "cpu",
       .tier = GpuTier::none,
       .rank = 9,
-      .kernels = "cpu::conv_reference_forward cpu::conv_reference_input_grad cpu::conv_reference_weight_grad",
+      .kernels = "cpu::conv_reference_forward cpu::conv_reference_input_grad cpu::conv_reference_weight_grad cpu::conv_reference_bias_grad",
       .files = {{{"src/backend/cpu/conv/reference.cpp",
           "CPU; any float dtype (f16, bf16, f32, f64); any relation kind, any kernel volume, "
           "any edge count (including none). Deterministic (single-threaded, fixed summation order)."}}}},

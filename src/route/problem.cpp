@@ -120,4 +120,32 @@ std::string to_string(const CoordsProblem& p) {
   return p.op + ": " + std::to_string(p.n_rows) + " rows on " + to_string(p.device);
 }
 
+std::string_view to_string(RelationPass pass) { return pass == RelationPass::index ? "index" : "build"; }
+
+std::string to_string(const RelationProblem& p) {
+  std::string s = p.op + " relation " + std::string(to_string(p.pass)) + ": ";
+  if (p.pass == RelationPass::build) {
+    s += std::string(to_string(p.relation)) + " relation, K=" + std::to_string(p.kernel_volume) + ", ";
+  }
+  return s + std::to_string(p.n_rows) + " input rows on " + to_string(p.device);
+}
+
+std::string_view to_string(PoolEdgesPass pass) { return pass == PoolEdgesPass::batch ? "batch" : "trilinear"; }
+
+std::string to_string(const PoolEdgesProblem& p) {
+  return p.op + " " + std::string(to_string(p.pass)) + " edges: " + std::to_string(p.n_rows) + " rows on " +
+         to_string(p.device);
+}
+
+std::string_view to_string(PointIndexPass pass) { return pass == PointIndexPass::batch_ids ? "batch_ids" : "group"; }
+
+std::string to_string(const PointIndexProblem& p) {
+  return p.op + " " + std::string(to_string(p.pass)) + ": " + std::to_string(p.n_points) + " points on " +
+         to_string(p.device);
+}
+
+std::string to_string(const DequantizeProblem& p) {
+  return p.op + " decode: " + std::string(to_string(p.dtype)) + " weight on " + to_string(p.device);
+}
+
 }  // namespace lattice

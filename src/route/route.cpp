@@ -16,7 +16,9 @@ const std::vector<RouteInfo>& route_table() {
     for (auto family : {route_detail::conv_route_infos, route_detail::quantize_route_infos,
                         route_detail::point_voxel_route_infos, route_detail::pool_route_infos,
                         route_detail::algebra_route_infos, route_detail::coords_route_infos,
-                        route_detail::quantized_route_infos}) {
+                        route_detail::quantized_route_infos, route_detail::relation_route_infos,
+                        route_detail::pool_edges_route_infos, route_detail::point_index_route_infos,
+                        route_detail::dequantize_route_infos}) {
       std::vector<RouteInfo> rows;
       family(rows);
       std::stable_sort(rows.begin(), rows.end(),
@@ -84,8 +86,26 @@ const RouteRow* Explanation::row(RouteId id) const {
   return nullptr;
 }
 
+namespace {
+
+// Appends `inner`'s lines to `s`, each indented by four spaces.
+void append_indented(std::string& s, const std::string& inner) {
+  for (std::size_t at = 0; at < inner.size();) {
+    const std::size_t end = inner.find('\n', at);
+    s += "    " + inner.substr(at, end == std::string::npos ? std::string::npos : end - at + 1);
+    at = end == std::string::npos ? inner.size() : end + 1;
+  }
+}
+
+}  // namespace
+
 std::string Explanation::to_string() const {
-  std::string s = "route decision for " + problem + "\n";
+  std::string s;
+  for (const auto& before : prior) {
+    s += "first:\n";
+    append_indented(s, before.to_string());
+  }
+  s += "route decision for " + problem + "\n";
   s += "  devices: " + caps + "\n";
   if (forced) {
     s += "  policy: forced route '" + std::string(lattice::to_string(*forced)) + "'";
@@ -111,12 +131,7 @@ std::string Explanation::to_string() const {
   if (!chosen) s += "  no route admitted\n";
   for (const auto& stage : stages) {
     s += "  then:\n";
-    const std::string inner = stage.to_string();
-    for (std::size_t at = 0; at < inner.size();) {
-      const std::size_t end = inner.find('\n', at);
-      s += "    " + inner.substr(at, end == std::string::npos ? std::string::npos : end - at + 1);
-      at = end == std::string::npos ? inner.size() : end + 1;
-    }
+    append_indented(s, stage.to_string());
   }
   return s;
 }

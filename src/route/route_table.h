@@ -33,6 +33,10 @@ void pool_route_infos(std::vector<RouteInfo>& out);
 void algebra_route_infos(std::vector<RouteInfo>& out);
 void coords_route_infos(std::vector<RouteInfo>& out);
 void quantized_route_infos(std::vector<RouteInfo>& out);
+void relation_route_infos(std::vector<RouteInfo>& out);
+void pool_edges_route_infos(std::vector<RouteInfo>& out);
+void point_index_route_infos(std::vector<RouteInfo>& out);
+void dequantize_route_infos(std::vector<RouteInfo>& out);
 
 inline Verdict needs_cpu(const Device& device) {
   if (!device.is_cpu()) return Verdict::no("runs on cpu; the data is on " + to_string(device));

@@ -1,4 +1,5 @@
-// Open-addressing hash index over coordinate rows (internal to the tensor layer).
+// Hash index over coordinate rows (internal to the tensor layer), built by the relation route
+// (cpu_hash, cuda_hash: src/route/relation_routes.cpp).
 //
 // Keys are full (batch, x, y, z) int32 rows compared exactly (backend/common/coord_hash.h), so
 // any int32 coordinate is accepted and no two rows can alias. Slots store the key and its row; the
@@ -14,12 +15,16 @@
 #include "backend/common/coord_hash.h"
 #include "backend/kernel_table.h"
 #include "lattice/core/array.h"
+#include "lattice/route/route.h"
 
 namespace lattice {
 
-// The device coordinate kernels of `device` (a CUDA device); raises UnsupportedError naming `op`
-// when this build has none ("built without CUDA").
-const backend::DeviceCoordKernels& device_coord_kernels(Device device, std::string_view op);
+// The relation route for `problem` (explain(problem, device_caps()).chosen: cpu_hash, cuda_hash)
+// and its kernels. Raises UnsupportedError naming problem.op when no route is admitted (CUDA data
+// in a build without CUDA).
+const backend::RelationKernels& relation_kernels(const RelationProblem& problem);
+// The relation problem of hashing `coords` (pass index) for `op`.
+RelationProblem index_problem(const Array& coords, std::string_view op);
 
 class CoordIndex {
  public:
@@ -33,39 +38,16 @@ class CoordIndex {
   std::int64_t size() const { return n_; }
   const Array& coords() const { return coords_; }
   // The table of a device index (over coords()), or nullptr for a CPU index.
-  const backend::DeviceCoordTable* device_table() const { return on_device_ ? &device_table_ : nullptr; }
+  const backend::DeviceCoordTable* device_table() const { return on_device_ ? &table_ : nullptr; }
+  // The index's table on its device (the relation route's layout, backend/args.h).
+  const backend::DeviceCoordTable& table() const { return table_; }
 
  private:
   bool on_device_ = false;
-  backend::DeviceCoordTable device_table_;
+  backend::DeviceCoordTable table_;
   Array coords_;
-  const geometry::Coord4* rows_ = nullptr;
   std::int64_t n_ = 0;
-  std::uint64_t mask_ = 0;
-  // Each slot keeps its key beside the row, so a probe reads one slot instead of following the
-  // row into the coordinate array (one cache miss per probe instead of two).
-  struct Slot {
-    geometry::Coord4 key;
-    std::int32_t row;  // -1 = empty
-  };
-  std::vector<Slot> slots_;
-};
-
-// Collects unique coordinates in first-occurrence order (used to generate output supports).
-class UniqueCoordBuilder {
- public:
-  explicit UniqueCoordBuilder(std::int64_t expected);
-  // Row of `c` in the output, inserting it when new.
-  std::int32_t insert(const geometry::Coord4& c);
-  std::int64_t size() const { return static_cast<std::int64_t>(rows_.size()); }
-  // (M, 4) int32.
-  Array finish() const;
-
- private:
-  void grow();
-  std::vector<geometry::Coord4> rows_;
-  std::vector<std::int32_t> slots_;
-  std::uint64_t mask_ = 0;
+  const geometry::HostCoordSlot* host_slots_ = nullptr;  // CPU index: table_.slots
 };
 
 }  // namespace lattice

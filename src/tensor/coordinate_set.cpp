@@ -24,7 +24,11 @@ void validate_coords(const Array& coords, std::string_view op) {
   if (!coords.device().is_cpu() && !coords.device().is_cuda()) {
     throw_value_error(op, "coords", "a CPU or CUDA array", to_string(coords.device()));
   }
-  if (coords.device().is_cuda()) device_coord_kernels(coords.device(), op);  // built with CUDA
+  if (coords.device().is_cuda() && !backend::device_caps().cuda.built) {
+    const std::string device = to_string(coords.device());
+    throw UnsupportedError("[" + std::string(op) + "] coords: expected cpu coordinates (" + device +
+                           " needs the CUDA backend), got " + device + " (built without CUDA)");
+  }
   if (coords.dtype() != Dtype::i32) {
     throw_type_error(op, "coords", "int32 coordinates", std::string(to_string(coords.dtype())));
   }
@@ -70,18 +74,12 @@ void validate_batch_counts(const Array& coords, const std::vector<std::int64_t>&
                       "batch id " + std::to_string(b) + " at row " + std::to_string(r));
   };
   std::vector<std::int64_t> seen(counts.size(), 0);
-  if (coords.device().is_cuda()) {
-    // Counted on the device; the smallest row with a bad batch id is the one reported below.
-    backend::BatchHistogram h = device_coord_kernels(coords.device(), op).batch_histogram(coords, n_batches);
+  {
+    // Counted by the relation route on the coordinates' device; the smallest row with a bad batch
+    // id is the one reported.
+    backend::BatchHistogram h = relation_kernels(index_problem(coords, op)).batch_histogram(coords, n_batches);
     if (h.bad_row >= 0) throw_bad_batch(h.bad_batch, h.bad_row);
     seen = std::move(h.counts);
-  } else {
-    const std::int32_t* rows = coords.data<std::int32_t>();
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int32_t b = rows[4 * r];
-      if (b < 0 || b >= n_batches) throw_bad_batch(b, r);
-      ++seen[b];
-    }
   }
   for (std::int64_t b = 0; b < n_batches; ++b) {
     if (seen[b] != counts[b]) {

@@ -1,4 +1,4 @@
-// Coordinate sets and relations on a CUDA device (src/backend/cuda/common/relation_build.cu):
+// Coordinate sets and relations on a CUDA device (src/backend/cuda/relation/hash.cu):
 // every relation kind built on cuda:0 must be bitwise equal to the CPU build from the same
 // coordinates (every array: edge lists, CSR pointers, per-offset grouping, gemm map, row masks,
 // input grouping; the generated output support with its stride and batch counts), and errors

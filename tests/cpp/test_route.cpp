@@ -421,13 +421,52 @@ TEST(RouteQuantize, ForcedRoutes) {
 }
 
 
+// The relation family (relation_routes.cpp): the coordinate index and relation building are chosen
+// by device like any route, each rejected row with its reason; explain() of a conv lists it first.
+TEST(RelationRoutes, AdmitByDevice) {
+  RelationProblem p;
+  p.op = "subm_conv3d";
+  p.relation = RelationKind::submanifold;
+  p.device = Device::cpu();
+  p.n_rows = 100;
+  p.kernel_volume = 27;
+  const Explanation cpu = explain(p, cpu_caps());
+  ASSERT_TRUE(cpu.chosen.has_value());
+  EXPECT_EQ(*cpu.chosen, RouteId::relation_cpu_hash);
+  EXPECT_EQ(row_of(cpu, RouteId::relation_cuda_hash).verdict.reason, "runs on cuda; the data is on cpu");
+  EXPECT_TRUE(contains(to_string(p), "submanifold relation, K=27, 100 input rows on cpu")) << to_string(p);
+
+  p.device = Device::cuda(0);
+  const Explanation gpu = explain(p, gpu_caps(90));
+  ASSERT_TRUE(gpu.chosen.has_value());
+  EXPECT_EQ(*gpu.chosen, RouteId::relation_cuda_hash);
+  EXPECT_EQ(row_of(gpu, RouteId::relation_cpu_hash).verdict.reason, "runs on cpu; the data is on cuda:0");
+  // CUDA data in a build without CUDA: no route, each row says why.
+  const Explanation none = explain(p, cpu_caps());
+  EXPECT_FALSE(none.chosen.has_value());
+  EXPECT_TRUE(contains(row_of(none, RouteId::relation_cuda_hash).verdict.reason, "needs the CUDA backend"));
+
+  p.pass = RelationPass::index;
+  EXPECT_EQ(to_string(p), "subm_conv3d relation index: 100 input rows on cuda:0");
+}
+
+TEST(RelationRoutes, PriorDecisionsRenderFirst) {
+  RelationProblem p;
+  p.device = Device::cpu();
+  Explanation conv = explain(pointwise(), cpu_caps());
+  conv.prior.push_back(explain(p, cpu_caps()));
+  const std::string s = conv.to_string();
+  EXPECT_EQ(s.rfind("first:\n    route decision for subm_conv3d relation build", 0), 0u) << s;
+  EXPECT_LT(s.find("-> cpu_hash"), s.find("route decision for " + to_string(pointwise()))) << s;
+}
+
 // The route table (route_table(), RouteInfo) is the one declaration of every route: each RouteId
 // has exactly one row, names are unique within a family, and the derived helpers (names,
 // families, the "expected ..." list of the bindings) read those rows.
 TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
   const auto& rows = route_table();
   // RouteId values are contiguous from 0; the last one declared closes the range.
-  const int n_ids = static_cast<int>(RouteId::quantized_cuda_dequant_gemm) + 1;
+  const int n_ids = static_cast<int>(RouteId::dequantize_cuda) + 1;
   EXPECT_EQ(rows.size(), static_cast<std::size_t>(n_ids));
   for (int i = 0; i < n_ids; ++i) {
     const auto id = static_cast<RouteId>(i);
@@ -448,7 +487,8 @@ TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
 TEST(RouteTable, FamiliesAndNamesComeFromTheRows) {
   const auto families = route_families();
   const std::vector<std::string_view> expected{"conv", "quantize", "point_voxel", "pool",
-                                               "algebra", "coords", "quantized"};
+                                               "algebra", "coords", "quantized", "relation",
+                                               "pool_edges", "point_index", "dequantize"};
   EXPECT_EQ(families, expected);
   // Rank order within a family, CUDA routes included (the old hand-written lists omitted them).
   const std::vector<std::string_view> conv{"pointwise_matmul", "gather_gemm_scatter", "implicit_gemm_sm80",

@@ -101,6 +101,10 @@ ROUTES = {
     "quantize": ("cuda", "reference"),
     "point_voxel": ("cuda", "parallel", "reference"),
     "quantized": ("cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"),
+    "relation": ("cuda_hash", "cpu_hash"),
+    "pool_edges": ("cuda", "reference"),
+    "point_index": ("cuda", "reference"),
+    "dequantize": ("cuda", "reference"),
 }
 CPU_ROUTES = {
     "conv": ("pointwise_matmul", "gather_gemm_scatter", "reference"),
@@ -110,6 +114,10 @@ CPU_ROUTES = {
     "quantize": ("reference",),
     "point_voxel": ("parallel", "reference"),
     "quantized": ("fused_dequant_gemm",),
+    "relation": ("cpu_hash",),
+    "pool_edges": ("reference",),
+    "point_index": ("reference",),
+    "dequantize": ("reference",),
 }
 
 CONV_KINDS = ("submanifold", "forward", "target", "transposed", "transposed_target", "generative")
@@ -140,6 +148,14 @@ AXES: dict[str, tuple[tuple[str, ...], Callable[[str], tuple[str, ...]], Callabl
                     lambda p: ("build_point_voxel_map",) if p == "build_map" else ("voxelize", "devoxelize")),
     # packed int4 / int8 weights, forward only; geometry: linear or the relation kind
     "quantized": (("forward",), lambda p: FLOATS, lambda p: ("linear", *CONV_KINDS)),
+    # the coordinate index (pass index) and relation building (pass build, by relation kind)
+    "relation": (("index", "build"), lambda p: ("i32",), lambda p: CONV_KINDS if p == "build" else ("-",)),
+    # edge lists of global pooling (batch) and trilinear_upsample3d (trilinear)
+    "pool_edges": (("batch", "trilinear"), lambda p: ("i32",), lambda p: ("-",)),
+    # batch id checks and the CSR of points per voxel
+    "point_index": (("batch_ids", "group"), lambda p: ("i32",), lambda p: ("-",)),
+    # the whole-weight decoder, by output dtype
+    "dequantize": (("forward",), lambda p: FLOATS, lambda p: ("-",)),
 }
 
 ALL = None  # a rule field that covers every value of its axis
@@ -202,6 +218,23 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
         # dequant_reference.cu: device decode, then the float CUDA conv route (f32 / f16 / bf16)
         ("dequant_reference", ALL, ("f32", "f16", "bf16"), ALL, _every_tier(ADMITTED)),
         ("dequant_reference", ALL, ("f64",), ALL, _every_tier(Rejected("(float64 runs on cpu), got float64"))),
+    ],
+    "relation": [
+        # relation/hash.cu: every pass, relation kind and tier
+        ("cuda_hash", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        ("cpu_hash", ALL, ALL, ALL, _every_tier(_ON_CPU)),
+    ],
+    "pool_edges": [
+        ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        ("reference", ALL, ALL, ALL, _every_tier(_ON_CPU)),
+    ],
+    "point_index": [
+        ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        ("reference", ALL, ALL, ALL, _every_tier(_ON_CPU)),
+    ],
+    "dequantize": [
+        ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        ("reference", ALL, ALL, ALL, _every_tier(_ON_CPU)),
     ],
 }
 

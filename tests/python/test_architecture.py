@@ -227,6 +227,33 @@ def test_every_route_file_matches_its_row() -> None:
     assert not found, _report(found, "each route file is its row's file, with the row's constraints text")
 
 
+def omp_violations(root: Path) -> list[str]:
+    """``#pragma omp`` lines in src/ops and src/tensor (comments included: a commented-out loop is
+    a loop waiting to come back)."""
+    out = []
+    for layer in ("ops", "tensor"):
+        for f in sorted((root / "src" / layer).rglob("*")):
+            if f.suffix not in {".cpp", ".h", ".cc", ".hpp"}:
+                continue
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), start=1):
+                if re.search(r"#\s*pragma\s+omp\b", line):
+                    out.append(f"{A.rel(root, f)}:{n}: {line.strip()}")
+    return out
+
+
+def test_no_openmp_loops_in_the_semantic_and_tensor_layers(tmp_path: Path) -> None:
+    """issue 11: src/ops and src/tensor orchestrate and validate; compute loops (OpenMP ones
+    above all) run from a route's file under src/backend/<device>/<family>/. The check is shown
+    to fire on a copy with one injected loop."""
+    found = omp_violations(REPO)
+    assert not found, _report(found, "no '#pragma omp' in src/ops or src/tensor (move the loop to a route)")
+    assert any("pragma omp" in f.read_text() for f in (REPO / "src" / "backend" / "cpu").rglob("*.cpp"))
+    for layer in ("ops", "tensor"):
+        (tmp_path / "src" / layer).mkdir(parents=True)
+    (tmp_path / "src" / "tensor" / "bad.cpp").write_text("void f() {\n#pragma omp parallel for\n}\n")
+    assert omp_violations(tmp_path) == ["src/tensor/bad.cpp:2: #pragma omp parallel for"]
+
+
 def test_binding_files_are_named_by_family() -> None:
     found = binding_name_violations(REPO)
     assert not found, _report(found, "python/bindings: module.cpp + bind_<family>.cpp")

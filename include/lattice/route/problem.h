@@ -142,4 +142,51 @@ struct CoordsProblem {
 };
 std::string to_string(const CoordsProblem& problem);
 
+// Coordinate indexing and relation building (family "relation"): the hash index over a coordinate
+// set's rows (pass index) or a relation's support, edges and orderings (pass build).
+enum class RelationPass { index, build };
+std::string_view to_string(RelationPass pass);
+struct RelationProblem {
+  std::string op = "subm_conv3d";  // the op that needs the index / relation
+  RelationPass pass = RelationPass::build;
+  RelationKind relation = RelationKind::submanifold;  // pass build only
+  Device device;
+  std::int64_t n_rows = 0;          // rows hashed: the input set (build) or the set (index)
+  std::int64_t kernel_volume = 1;   // pass build only
+};
+std::string to_string(const RelationProblem& problem);
+
+// Edge lists pooling builds itself (family "pool_edges"): the rows of each batch (global
+// pooling) or the weighted trilinear neighbours (trilinear_upsample3d).
+enum class PoolEdgesPass { batch, trilinear };
+std::string_view to_string(PoolEdgesPass pass);
+struct PoolEdgesProblem {
+  std::string op = "global_avg_pool";
+  PoolEdgesPass pass = PoolEdgesPass::batch;
+  Device device;
+  std::int64_t n_rows = 0;  // input rows (batch) or fine rows (trilinear)
+};
+std::string to_string(const PoolEdgesProblem& problem);
+
+// Index work of the point family (family "point_index"): the check and narrowing of batch ids
+// (batch_ids) and the CSR of points per voxel (group).
+enum class PointIndexPass { batch_ids, group };
+std::string_view to_string(PointIndexPass pass);
+struct PointIndexProblem {
+  std::string op = "sparse_quantize";
+  PointIndexPass pass = PointIndexPass::batch_ids;
+  Device device;
+  std::int64_t n_points = 0;
+};
+std::string to_string(const PointIndexProblem& problem);
+
+// The packed-weight decoder (family "dequantize"): a whole QuantizedWeight decoded to
+// (K, C_in, C_out) of `dtype` on the weight's device.
+struct DequantizeProblem {
+  std::string op = "dequantize_weight";
+  Dtype dtype = Dtype::f32;
+  Device device;
+};
+std::string to_string(const DequantizeProblem& problem);
+
 }  // namespace lattice

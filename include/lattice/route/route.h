@@ -41,6 +41,14 @@ enum class RouteId {
   quantized_dequant_reference,
   quantized_fused_dequant_gemm,
   quantized_cuda_dequant_gemm,
+  relation_cpu_hash,
+  relation_cuda_hash,
+  pool_edges_reference,
+  pool_edges_cuda,
+  point_index_reference,
+  point_index_cuda,
+  dequantize_reference,
+  dequantize_cuda,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text
@@ -104,6 +112,9 @@ struct Explanation {
   // The further route decisions the call makes after this one, in order (the float conv route that
   // quantized dequant_reference runs on the decoded weight, ...); rendered after this table.
   std::vector<Explanation> stages;
+  // The route decisions this one depends on, made before it (the relation route that builds, or
+  // built, the relation a convolution reads); rendered before this table.
+  std::vector<Explanation> prior;
 
   // Rendered table: the chosen route and every rejected route with its reason.
   std::string to_string() const;
@@ -125,6 +136,14 @@ Explanation explain(const AlgebraProblem& problem, const DeviceCaps& caps,
 Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const RelationProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PoolEdgesProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
+Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 
 template <class Problem>

@@ -10,6 +10,7 @@
 
 #include "lattice/core/array.h"
 #include "lattice/core/vocab.h"
+#include "lattice/route/problem.h"
 
 namespace lattice {
 
@@ -68,5 +69,12 @@ struct BuiltRelation {
 };
 BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, const KernelSpec& spec,
                              const CoordinateSet* target, std::string_view op);
+
+// The relation route's problem (family "relation", src/route/relation_routes.cpp) of building a
+// `kind` relation over `input`, or of the views of a built relation; build_relation runs the
+// route explain() chooses for it, and explain_conv lists that decision before the conv route's.
+RelationProblem relation_problem(const CoordinateSet& input, RelationKind kind, std::int64_t kernel_volume,
+                                 std::string_view op);
+RelationProblem relation_problem(const Relation& relation, std::string_view op);
 
 }  // namespace lattice

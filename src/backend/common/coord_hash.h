@@ -31,4 +31,24 @@ LATTICE_HD std::uint64_t hash_coord(const Coord4& c) {
   return mix64(lo ^ mix64(hi + 0x9e3779b97f4a7c15ULL));
 }
 
+// One slot of the CPU coordinate index (relation route cpu_hash, backend/cpu/relation/hash.cpp):
+// the key beside its row (-1 = empty), so a probe reads one slot instead of following the row into
+// the coordinate array.
+struct HostCoordSlot {
+  Coord4 key;
+  std::int32_t row;
+};
+static_assert(sizeof(HostCoordSlot) == 5 * sizeof(std::int32_t), "a slot is five int32 values");
+
+// Row of `c` in a CPU index (capacity mask + 1 slots, at most half full), or -1.
+inline std::int64_t host_find(const HostCoordSlot* slots, std::uint64_t mask, const Coord4& c) {
+  std::uint64_t h = hash_coord(c) & mask;
+  while (true) {
+    const HostCoordSlot& slot = slots[h];
+    if (slot.row < 0) return -1;
+    if (slot.key == c) return slot.row;
+    h = (h + 1) & mask;
+  }
+}
+
 }  // namespace lattice::geometry

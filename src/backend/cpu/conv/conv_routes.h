@@ -17,6 +17,9 @@ namespace lattice::backend::cpu {
 void conv_reference_forward(const ConvArgs& args);
 void conv_reference_input_grad(const ConvArgs& args);
 void conv_reference_weight_grad(const ConvArgs& args);
+// dbias = the column sums of dy (n_out rows), in Accum<T>, rows in order; every CPU route's
+// bias gradient.
+void conv_reference_bias_grad(const ConvArgs& args);
 
 // pointwise_matmul.cpp: kernel volume 1 and the identity relation, one GEMM per pass.
 void conv_pointwise_matmul_forward(const ConvArgs& args);

@@ -103,6 +103,19 @@ void conv_reference_input_grad(const ConvArgs& args) {
                  [&](auto tag) { input_grad<typename decltype(tag)::type>(args); });
 }
 
+void conv_reference_bias_grad(const ConvArgs& args) {
+  dispatch_float(args.dtype, "conv_reference_bias_grad", "dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* src = static_cast<const T*>(args.dy);
+    T* dst = static_cast<T*>(args.dbias);
+    const std::int64_t n = args.rel.n_out, c = args.c_out;
+    std::vector<Accum<T>> acc(static_cast<std::size_t>(c), Accum<T>(0));
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < c; ++j) acc[static_cast<std::size_t>(j)] += load(src[i * c + j]);
+    for (std::int64_t j = 0; j < c; ++j) dst[j] = store<T>(acc[static_cast<std::size_t>(j)]);
+  });
+}
+
 void conv_reference_weight_grad(const ConvArgs& args) {
   LATTICE_ASSERT(args.rel.n_edges == 0 || args.rel.k_ptr != nullptr,
                  "conv reference weight_grad: k_ptr is null");

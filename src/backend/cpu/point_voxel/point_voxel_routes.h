@@ -30,4 +30,9 @@ void devoxelize_parallel_forward(const DevoxelizeArgs& args);
 void devoxelize_parallel_backward(const DevoxelizeArgs& args);
 PointVoxelMapResult point_voxel_map_parallel(const PointVoxelMapArgs& args);
 
+// index.cpp (family point_index, route reference): batch id checks and the CSR of points per
+// voxel for CPU data.
+BatchIdsResult point_index_reference_batch_ids(const BatchIdsArgs& args);
+PointGroupResult point_index_reference_group(const PointGroupArgs& args);
+
 }  // namespace lattice::backend::cpu

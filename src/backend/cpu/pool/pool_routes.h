@@ -50,4 +50,9 @@ inline bool max_beats(A v, std::int32_t i, A best, std::int32_t best_i) {
 
 }  // namespace pool_detail
 
+// edges.cpp (family pool_edges, route reference): the edge lists of global pooling and trilinear
+// upsampling for CPU coordinates (TrilinearEdgesArgs::coarse_slots: the coarse set's CPU index).
+PoolEdgeList pool_edges_reference_batch(const BatchEdgesArgs& args);
+PoolEdgeList pool_edges_reference_trilinear(const TrilinearEdgesArgs& args);
+
 }  // namespace lattice::backend::cpu

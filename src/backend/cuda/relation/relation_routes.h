@@ -1,6 +1,6 @@
 // Coordinate sets and relations built on a CUDA device: the functions behind
-// backend::DeviceCoordKernels (kernel_table.h). Plain C++ declarations (the kernel table is
-// compiled by the host compiler); the kernels are in relation_build.cu.
+// backend::RelationKernels of the relation route cuda_hash (kernel_table.h). Plain C++ declarations (the kernel table is
+// compiled by the host compiler); the kernels are in hash.cu.
 //
 // Every function runs on the current stream of the arrays' device and reads back to the host
 // only counts (output sizes) and error checks. Results are deterministic: integer atomics are

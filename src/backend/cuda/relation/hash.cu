@@ -1,5 +1,11 @@
-// Coordinate sets and relations built on a CUDA device, mirroring src/tensor/relation.cpp rule
-// for rule (gather / scatter lookups, first-occurrence output supports, orderings), so a device
+// Constraints: CUDA (data on a cuda device, the CUDA backend built and a device present);
+// contiguous (N, 4) int32 coordinate rows, any int32 values; every relation kind, any kernel
+// volume, any row count (including none). Deterministic: the index, the supports, edges and
+// orderings are bitwise equal to the cpu_hash route's, run to run (integer atomics only count
+// or take minima).
+//
+// The relation route cuda_hash: coordinate sets and relations built on a CUDA device, mirroring
+// the cpu_hash route (src/backend/cpu/relation/hash.cpp) rule for rule (gather / scatter lookups, first-occurrence output supports, orderings), so a device
 // relation is bitwise equal to the CPU one built from the same coordinates.
 //
 // Every kernel is a grid-stride loop with 64-bit indices (n_out * K may exceed 2^31). Orderings
@@ -7,7 +13,7 @@
 // per-offset grouping by compacting the map in k-major order, the input grouping by compacting
 // an (offset, input row) -> output row table in k-major order (within one offset every input
 // row occurs at most once). Integer atomics only count or take minima (order-independent).
-#include "backend/cuda/common/relation_build.h"
+#include "backend/cuda/relation/relation_routes.h"
 
 #include <cub/device/device_scan.cuh>
 
@@ -301,13 +307,16 @@ __global__ void input_grouping_kernel(const std::int32_t* inv, const std::int64_
 
 }  // namespace
 
-// ---- entry points (backend::DeviceCoordKernels) --------------------------------------------
+// ---- entry points (backend::RelationKernels of the cuda_hash route) ------------------------
 
 DeviceCoordTable device_build_table(const Array& coords) {
   const Device device = coords.device();
   DeviceGuard guard(device.index);
   CoordTable t = build_coord_table(rows_of(coords), coords.dim(0), device);
-  return {t.slots, t.mask};
+  DeviceCoordTable table;
+  table.slots = t.slots;
+  table.mask = t.mask;
+  return table;
 }
 
 DuplicateRow device_find_duplicate(const Array& coords, const DeviceCoordTable& table) {
