@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ._core import as_tensor
 from . import io as lio
 from . import ops
 from .tensor import SparseTensor
@@ -40,14 +41,6 @@ __all__ = ["sparse_quantize", "vote_labels", "sparse_collate_fn", "ScanFolder", 
            "SEMANTIC_KITTI_LEARNING_MAP", "IGNORE_LABEL"]
 
 IGNORE_LABEL = 255
-
-
-def _tensor(value: Any, what: str, op: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    raise TypeError(f"[{op}] {what}: expected a torch tensor or numpy array, got {type(value).__name__}")
 
 
 def _scatter_min(base: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -107,8 +100,8 @@ def vote_labels(labels: Any, inverse: Any, num_voxels: Optional[int] = None, *,
         point order, so the result is deterministic and the same on every device).
     """
     op = "vote_labels"
-    lab = _tensor(labels, "labels", op)
-    inv = _tensor(inverse, "inverse", op)
+    lab = as_tensor(labels, "labels", op)
+    inv = as_tensor(inverse, "inverse", op)
     if lab.dtype.is_floating_point or lab.dtype == torch.bool or inv.dtype.is_floating_point or inv.dtype == torch.bool:
         raise TypeError(f"[{op}] labels, inverse: expected integer tensors, got {lab.dtype} and {inv.dtype}")
     if lab.dim() != 1 or inv.shape != lab.shape:
@@ -198,8 +191,8 @@ def sparse_collate_fn(samples: Sequence[Mapping[str, Any]], *, coords_key: str =
                 raise KeyError(f"[{op}] samples[{i}]: expected a {k!r} entry, got keys {sorted(s.keys())}")
     pairs = []
     for i, s in enumerate(samples):
-        c = _tensor(s[coords_key], f"samples[{i}][{coords_key!r}]", op)
-        f = _tensor(s[feats_key], f"samples[{i}][{feats_key!r}]", op)
+        c = as_tensor(s[coords_key], f"samples[{i}][{coords_key!r}]", op)
+        f = as_tensor(s[feats_key], f"samples[{i}][{feats_key!r}]", op)
         if c.dim() != 2 or c.shape[1] not in (3, 4):
             raise ValueError(f"[{op}] samples[{i}][{coords_key!r}]: expected shape (N, 3) (x, y, z), got {tuple(c.shape)}")
         pairs.append((c.to(torch.int32) if not c.dtype.is_floating_point else c, f))
@@ -215,7 +208,7 @@ def sparse_collate_fn(samples: Sequence[Mapping[str, Any]], *, coords_key: str =
         if all(isinstance(v, SparseTensor) for v in vals):
             batch[k] = ops.sparse_collate(vals)
         elif all(isinstance(v, (torch.Tensor, np.ndarray)) and np.ndim(v) >= 1 for v in vals):
-            ts = [_tensor(v, f"samples[{i}][{k!r}]", op) for i, v in enumerate(vals)]
+            ts = [as_tensor(v, f"samples[{i}][{k!r}]", op) for i, v in enumerate(vals)]
             if k in index_keys:
                 ts = [t.long() + off for t, off in zip(ts, offsets)]
             batch[k] = torch.cat(ts, 0)
