@@ -21,3 +21,5 @@ from . import convert, data, models  # backbones, data pipeline, checkpoint impo
 __all__ += ["models", "data", "convert"]
 from .export import ExportError, export, load_exported  # deployment: graph.json + weights.safetensors (issue 14)
 __all__ += ["export", "load_exported", "ExportError"]
+from . import cuda  # lattice's CUDA allocator: memory_stats / host_syncs / empty_cache (issue 12)
+__all__ += ["cuda"]
