@@ -89,8 +89,12 @@ def test_warm_inference_makes_no_allocator_driver_calls() -> None:
     x = _scene()
     x = SparseTensor(x.coords, x.feats.half())
     with torch.no_grad():
-        for _ in range(2):
+        # warm: until one forward needs no new block (the free lists have converged; a few passes)
+        for _ in range(10):
+            start = lattice.cuda.memory_stats()["driver_allocs"]
             model(x)
+            if lattice.cuda.memory_stats()["driver_allocs"] == start:
+                break
         torch.cuda.synchronize()
         before = lattice.cuda.memory_stats()
         for _ in range(3):

@@ -107,6 +107,19 @@ def test_weights_that_need_gradients_are_not_cached_and_get_them() -> None:
     _check(y, x, conv.weight)
 
 
+def test_the_layout_is_contiguous_so_no_further_copy_happens() -> None:
+    """The core reads contiguous (K, C_in, C_out) rows; a strided view would be copied again on
+    every call (by torch for CUDA data, by the core for CPU data)."""
+    conv = lattice.nn.SubmConv3d(3, 4, 3).eval()
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            for amp in (None, torch.bfloat16):
+                km = conv_mod.kernel_major_weight(conv.weight, amp, 3)
+                assert km.is_contiguous() and km.shape == (27, 3, 4)
+                want = conv.weight.detach().permute(1, 2, 3, 4, 0).reshape(27, 3, 4)
+                assert torch.equal(km.detach(), want.to(km.dtype))
+
+
 def test_switch_and_clear(monkeypatch: pytest.MonkeyPatch) -> None:
     conv = lattice.nn.SubmConv3d(3, 4, 3).eval()
     with torch.no_grad():

@@ -165,7 +165,9 @@ def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: 
             return hit[1]
     kv = int(weight.shape[1]) * int(weight.shape[2]) * int(weight.shape[3])
     km = weight.permute(1, 2, 3, 4, 0).reshape(kv, weight.shape[4], weight.shape[0])
-    km = km.to(dtype=dtype, memory_format=torch.contiguous_format)  # one copy: permute and cast
+    # One copy that permutes and casts (``to(memory_format=...)`` would return the 3-D view itself:
+    # torch only recognises channels-last formats, so the view counts as "contiguous format").
+    km = torch.empty(km.shape, dtype=dtype, device=weight.device).copy_(km)
     if key is not None:
         try:
             setattr(weight, _CACHE_ATTR, (key, km))
