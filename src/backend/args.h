@@ -41,6 +41,9 @@ struct RelationView {
   // The N_out x K implicit-GEMM map (int32 (n_out, K), input row or -1), or null: CUDA routes
   // that read it build it on the device when null.
   const std::int32_t* gemm_map = nullptr;
+  // The input-side (n_in, K) map (output row reached from input i through offset k, or -1), for
+  // the input-gradient pass of implicit-GEMM routes; null: the route builds it per call.
+  const std::int32_t* input_gemm_map = nullptr;
   // k_ptr on the host (K + 1 int64), for host loops over offsets (per-offset GEMM launches):
   // read back from the device once per relation, on first request, and kept with the relation.
   // Null when the caller attached none (routes then read k_ptr back themselves).

@@ -112,6 +112,8 @@ struct RelationKernels {
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
   DeviceEdges (*transpose)(const DeviceTransposeArgs&) = nullptr;
+  // The input-side (R.n_in, K) map of R (args as for transpose): the transpose's gemm map alone.
+  Array (*input_map)(const DeviceTransposeArgs&) = nullptr;
 };
 // nullptr when the route has no kernels in this build.
 const RelationKernels* find_relation_kernels(RouteId id);

@@ -133,6 +133,9 @@ backend::RelationView relation_view(const Relation& r, ConvPass pass) {
   v.identity = r.identity;
   v.host_k_ptr_owner = &r;
   v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
+  if (pass == ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
+    v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
+  }
   if (pass == ConvPass::input_grad) {
     const Relation::InputGrouping& g = r.input_grouping();
     v.in_ptr = g.in_ptr.data<std::int64_t>();

@@ -54,7 +54,7 @@ const backend::RelationKernels& relation_kernels(const RelationProblem& problem)
   return *kernels;
 }
 
-std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::string_view op) {
+std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::string_view op, bool rows_unique) {
   LATTICE_ASSERT(coords.dtype() == Dtype::i32 && coords.ndim() == 2 && coords.dim(1) == 4 &&
                      coords.is_contiguous(),
                  "CoordIndex::build needs contiguous (N, 4) int32 coordinates");
@@ -70,8 +70,10 @@ std::shared_ptr<const CoordIndex> CoordIndex::build(const Array& coords, std::st
   index->n_ = n;
   index->on_device_ = !coords.device().is_cpu();
   index->table_ = kernels.build_table(coords);
-  const backend::DuplicateRow dup = kernels.find_duplicate(coords, index->table_);
-  if (dup.row >= 0) throw_duplicate(op, dup.row, dup.value, dup.first);
+  if (!rows_unique) {
+    const backend::DuplicateRow dup = kernels.find_duplicate(coords, index->table_);
+    if (dup.row >= 0) throw_duplicate(op, dup.row, dup.value, dup.first);
+  }
   if (!index->on_device_) {
     index->host_slots_ = reinterpret_cast<const geometry::HostCoordSlot*>(index->table_.slots.data<std::int32_t>());
   }

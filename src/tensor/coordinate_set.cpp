@@ -8,6 +8,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/tensor/relation.h"
+#include "backend/kernel_table.h"
 #include "tensor/coord_index.h"
 
 namespace lattice {
@@ -116,9 +117,20 @@ std::shared_ptr<CoordinateSet> CoordinateSet::create(
 
 CoordinateSet::~CoordinateSet() = default;
 
+const std::optional<std::vector<std::int64_t>>& CoordinateSet::batch_counts() const {
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  if (pending_batches_ >= 0) {
+    batch_counts_ = relation_kernels(index_problem(coords_, "batch_counts"))
+                        .batch_histogram(coords_, pending_batches_)
+                        .counts;
+    pending_batches_ = -1;
+  }
+  return batch_counts_;
+}
+
 const CoordIndex& CoordinateSet::index(std::string_view op) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!index_) index_ = CoordIndex::build(coords_, op);
+  if (!index_) index_ = CoordIndex::build(coords_, op, rows_unique_);
   return *index_;
 }
 

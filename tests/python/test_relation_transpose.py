@@ -139,3 +139,24 @@ def test_minkunet_decoder_reuses_every_downsampling_relation(monkeypatch) -> Non
     with torch.no_grad():
         model(x)
     assert seen == [1, 1, 1, 1], seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generated_supports_count_their_batches_when_asked(device) -> None:
+    """A generated support's batch counts are counted on first request (not while building the
+    relation): they still equal the rows per batch of its coordinates, for every generating kind."""
+    rng = np.random.default_rng(11)
+    coords = torch.from_numpy(random_coords(rng, 500, batches=3, extent=8, spread=10))
+    coords = coords[torch.argsort(coords[:, 0], stable=True)]
+    counts = torch.bincount(coords[:, 0].long(), minlength=3).tolist()
+    x = SparseTensor(coords.to(device), torch.ones(coords.shape[0], 2, device=device), 2, counts)
+    outs = [
+        ops.conv3d(x, torch.ones(3, 2, 2, 2, 2, device=device), stride=2),
+        ops.conv3d(x, torch.ones(3, 3, 3, 3, 2, device=device), stride=2, expand=True),
+        ops.conv_transpose3d(x, torch.ones(3, 2, 2, 2, 2, device=device), stride=2),
+        ops.generative_conv_transpose3d(x, torch.ones(3, 2, 2, 2, 2, device=device), stride=2),
+    ]
+    for y in outs:
+        want = torch.bincount(y.coords[:, 0].long().cpu(), minlength=3).tolist()
+        assert y.batch_counts == want
+        assert len({tuple(r) for r in y.coords.cpu().tolist()}) == len(y)  # unique rows (no check ran)

@@ -3,6 +3,7 @@
 // equal to the CPU build). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,10 @@ class Relation {
     Array in_ptr, kt_in, kt_out;
   };
   const InputGrouping& input_grouping() const;
+  // The input-side (n_in, K) map: output row reached from input i through offset k, or -1 (what
+  // the input-gradient pass of implicit GEMM reads). Built on first use on the relation's device;
+  // a transposed relation and the relation it transposes share their two maps.
+  const Array& input_gemm_map() const;
   // k_ptr on the host (K + 1 values), read back once on first use (a copy for CPU relations):
   // routes that loop over offsets on the host read this instead of synchronising every call.
   const std::vector<std::int64_t>& host_k_ptr() const;
@@ -58,8 +63,10 @@ class Relation {
 
  private:
   friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
-  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_;
+  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_, input_map_once_;
+  mutable Array input_gemm_map_;
   mutable std::vector<std::int64_t> host_k_ptr_;
+  mutable std::atomic<bool> host_k_ptr_ready_{false};
   mutable Array gemm_map_, row_masks_;
   mutable InputGrouping input_grouping_;
 };

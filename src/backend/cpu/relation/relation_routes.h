@@ -22,5 +22,6 @@ DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingAr
 // The transposed relation: R's edges scattered into the (n_out_T = R.n_in, K) map, then compacted
 // exactly as relation_cpu_hash_edges compacts its map (so it equals a hashed build bitwise).
 DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args);
+Array relation_cpu_hash_input_map(const DeviceTransposeArgs& args);
 
 }  // namespace lattice::backend::cpu

@@ -15,6 +15,24 @@
 
 namespace lattice::backend::cuda {
 
+// total[0] = pos[n - 1] + flags[n - 1]: the count of an exclusive scan, summed on the device so
+// that one read-back (not two) brings it to the host.
+template <class F>
+__global__ void scan_total_kernel(const F* pos, const F* flags, std::int64_t n, std::int64_t* total) {
+  total[0] = static_cast<std::int64_t>(pos[n - 1]) + static_cast<std::int64_t>(flags[n - 1]);
+}
+
+// The count of an exclusive scan of n > 0 flags into pos: one host synchronisation.
+template <class F>
+std::int64_t read_scan_total(const F* pos, const F* flags, std::int64_t n, Device device, cudaStream_t s) {
+  Array total = Array::empty({1}, Dtype::i64, device);
+  scan_total_kernel<F><<<1, 1, 0, s>>>(pos, flags, n, total.data<std::int64_t>());
+  LATTICE_CUDA_CHECK(cudaGetLastError());
+  std::int64_t h = 0;
+  copy_to_host(&h, total.raw_data(), sizeof h, device);
+  return h;
+}
+
 // pos[i] = flags[0] + ... + flags[i-1] for i < n; returns the sum of all n flags (one host
 // synchronisation to read it; 0 without any device work when n == 0). Flag and position types
 // are int32 or int64 (int64 when the sum can reach 2^31).
@@ -27,10 +45,7 @@ std::int64_t exclusive_count(const F* flags, F* pos, std::int64_t n, Device devi
   LATTICE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, flags, pos, n, s));
   Array temp = Array::empty({static_cast<std::int64_t>(temp_bytes > 0 ? temp_bytes : 1)}, Dtype::u8, device);
   LATTICE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.raw_data(), temp_bytes, flags, pos, n, s));
-  F tail[2] = {0, 0};
-  copy_to_host(&tail[0], pos + (n - 1), sizeof(F), device);
-  copy_to_host(&tail[1], flags + (n - 1), sizeof(F), device);
-  return static_cast<std::int64_t>(tail[0]) + static_cast<std::int64_t>(tail[1]);
+  return read_scan_total<F>(pos, flags, n, device, s);
 }
 
 // Grid for grid-stride loops over n items with kRouteThreads threads per block.

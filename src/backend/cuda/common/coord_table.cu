@@ -1,4 +1,5 @@
 #include "backend/cuda/common/coord_table.cuh"
+#include "backend/cuda/common/compact.cuh"
 
 #include <cub/device/device_scan.cuh>
 
@@ -92,10 +93,7 @@ UniqueRows unique_first_occurrence(const Coord4* candidates, std::int64_t n, Dev
   Array temp = Array::empty({static_cast<std::int64_t>(temp_bytes)}, Dtype::u8, device);
   LATTICE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.raw_data(), temp_bytes, flags.data<std::int32_t>(),
                                                    pos.data<std::int32_t>(), n, s));
-  std::int32_t tail[2] = {0, 0};
-  copy_to_host(&tail[0], pos.data<std::int32_t>() + (n - 1), sizeof(std::int32_t), device);
-  copy_to_host(&tail[1], flags.data<std::int32_t>() + (n - 1), sizeof(std::int32_t), device);
-  const std::int64_t m = static_cast<std::int64_t>(tail[0]) + tail[1];
+  const std::int64_t m = read_scan_total<std::int32_t>(pos.data<std::int32_t>(), flags.data<std::int32_t>(), n, device, s);
   out.unique = Array::empty({m, 4}, Dtype::i32, device);
   if (want_inverse) out.inverse = Array::empty({n}, Dtype::i32, device);
   scatter_unique<<<grid_for(n), kThreads, 0, s>>>(

@@ -19,8 +19,8 @@
 //   fixed by the data, so results are bitwise reproducible.
 //     forward     map = the relation's N_out x K gemm_map (built on the device when the view has
 //                 none); source x, destination y, B = W[k] (C_in, C_out); bias added at the end.
-//     input_grad  map = the input-side (n_in, K) map of output rows, built on the device from the
-//                 edges per call (a scatter with unique (i, k) slots, so deterministic); source
+//     input_grad  map = the input-side (n_in, K) map of output rows (the relation's cached one, or
+//                 built here from the edges: a scatter with unique (i, k) slots, so deterministic); source
 //                 dy, destination dx, B = W[k]^T (C_out, C_in).
 //   weight_grad: dW[k] (C_in, C_out) = sum over the edges of offset k (the per-offset grouping
 //   k_ptr / k_in / k_out, so only real edges are read) of x[k_in[e]]^T dy[k_out[e]]. Each
@@ -521,12 +521,16 @@ void input_grad(const ConvArgs& a) {
     LATTICE_CUDA_CHECK(cudaMemsetAsync(a.dx, 0, static_cast<std::size_t>(rel.n_in * a.c_in) * sizeof(E), s));
     return;
   }
-  // (n_in, K) map of output rows: input i reaches output map[i, k] through offset k. Built per
-  // call (the relation caches only the output-side map; see docs/performance.md).
-  const Array map = build_edge_map(rel.in_idx, rel.out_idx, rel.k_idx, rel.n_edges, rel.n_in, rel.kernel_volume,
-                                   a.device);
+  // (n_in, K) map of output rows: input i reaches output map[i, k] through offset k. The
+  // relation's cached one when the view carries it, else built here.
+  Array built;
+  const std::int32_t* map = rel.input_gemm_map;
+  if (!map) {
+    built = build_edge_map(rel.in_idx, rel.out_idx, rel.k_idx, rel.n_edges, rel.n_in, rel.kernel_volume, a.device);
+    map = built.data<std::int32_t>();
+  }
   // Source dy (C_out channels), destination dx (C_in), B_k = W[k]^T.
-  launch_implicit_gemm<E, true>(map.data<std::int32_t>(), rel.n_in, rel.kernel_volume, static_cast<const E*>(a.dy),
+  launch_implicit_gemm<E, true>(map, rel.n_in, rel.kernel_volume, static_cast<const E*>(a.dy),
                                 a.c_out, static_cast<const E*>(a.w), a.c_in, nullptr, static_cast<E*>(a.dx), s);
 }
 

@@ -542,24 +542,31 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
   return r;
 }
 
-DeviceEdges device_transpose(const DeviceTransposeArgs& args) {
+Array device_input_map(const DeviceTransposeArgs& args) {
   const Device device = args.in_idx.device();
   DeviceGuard guard(device.index);
   cudaStream_t s = stream_of(device);
-  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
   const std::int64_t K = args.kernel_volume;
-  DeviceEdges r;
-  r.map = Array::empty({n_out, K}, Dtype::i32, device);
-  if (n_out * K > 0) {
-    LATTICE_CUDA_CHECK(cudaMemsetAsync(r.map.raw_data(), 0xff, static_cast<std::size_t>(n_out * K) * 4, s));
+  Array map = Array::empty({args.n_in, K}, Dtype::i32, device);
+  if (args.n_in * K > 0) {
+    LATTICE_CUDA_CHECK(cudaMemsetAsync(map.raw_data(), 0xff, static_cast<std::size_t>(args.n_in * K) * 4, s));
   }
   if (args.n_edges > 0) {
     transpose_scatter_kernel<<<grid_for(args.n_edges), kThreads, 0, s>>>(
         args.in_idx.data<std::int32_t>(), args.out_idx.data<std::int32_t>(), args.k_idx.data<std::int32_t>(),
-        args.n_edges, K, r.map.data<std::int32_t>());
+        args.n_edges, K, map.data<std::int32_t>());
     LATTICE_CUDA_CHECK_LAUNCH();
   }
-  edges_from_map(r, args.n_out, n_out, K, device, args.n_edges);
+  return map;
+}
+
+DeviceEdges device_transpose(const DeviceTransposeArgs& args) {
+  const Device device = args.in_idx.device();
+  DeviceGuard guard(device.index);
+  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
+  DeviceEdges r;
+  r.map = device_input_map(args);
+  edges_from_map(r, args.n_out, n_out, args.kernel_volume, device, args.n_edges);
   return r;
 }
 

@@ -22,5 +22,6 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args);
 Array device_row_masks(const Array& map);
 DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args);
 DeviceEdges device_transpose(const DeviceTransposeArgs& args);
+Array device_input_map(const DeviceTransposeArgs& args);
 
 }  // namespace lattice::backend::cuda
