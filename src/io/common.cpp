@@ -161,8 +161,28 @@ PointCloud read_ply(const std::string& path) { return read_point_cloud(path, For
 
 namespace lattice::io::detail {
 
+// Messages are valid UTF-8 text whatever the file holds: in a part built from raw header words
+// (a keyword, a field list), control bytes (a NUL would cut the message short) and, unless the
+// part is valid UTF-8, bytes >= 0x80 are escaped as \xNN, as quote() does. (Python turns a message
+// that does not decode into a ValueError without any text.)
+std::string message_text(std::string_view text) {
+  const bool utf8 = is_utf8(text);
+  std::string out;
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c >= 0x20 && c < 0x7f) || (c >= 0x80 && utf8)) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 void Source::fail(std::string_view expected, std::string_view got) const {
-  throw_value_error(op, path, expected, got);
+  throw_value_error(op, path, message_text(expected), message_text(got));
 }
 
 std::vector<std::byte> read_file(const Source& src) {

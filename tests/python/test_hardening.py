@@ -204,6 +204,19 @@ def test_reader_errors_name_the_reader_and_the_path(tmp_path, reader, name):
         getattr(lio, reader)(path)
 
 
+def test_reader_error_built_from_non_utf8_header_words_is_readable(tmp_path):
+    """A message built from raw header words (here the PCD field list, after a Latin-1 byte
+    replaced the newline before SIZE) escapes the byte: found by the fuzz test, the message used
+    to be a ValueError without any text (Python could not decode it)."""
+    fields = io_samples.pcd_sample_fields(np.random.default_rng(6), 3)
+    data = io_samples.pcd_bytes(fields, "ascii").replace(b"hist\nSIZE", b"hist\xe9SIZE")
+    path = tmp_path / "broken.pcd"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=rf"^\[read_pcd\] {re.escape(str(path))}: expected SIZE with 12 entries "
+                                         r"\(one per field: x y z rgb label hist\\xe9SIZE 4 4 4 4 2 8\), got 0 entries$"):
+        lio.read(path)
+
+
 # ---- BatchNorm channel count --------------------------------------------------------------------
 
 
