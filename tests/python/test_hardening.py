@@ -298,8 +298,9 @@ def test_cat_of_a_generated_transposed_output_explains_the_fix():
     up = lnn.ConvTranspose3d(8, 4, 2, stride=2)
     with pytest.raises(ValueError, match=r"^\[cat\] tensors\[1\]: expected the coordinate identity of tensors\[0\] "
                                          r".*tensors\[0\] comes from conv_transpose3d \(nn.ConvTranspose3d\) called "
-                                         r"without coordinates=.*pass the skip tensor \(tensors\[1\] here\) as "
-                                         rf"coordinates= .*coordinate key \(key {skip.key}\)"):
+                                         r"without coordinates=.*pass the skip tensor as coordinates= \(here tensors\[1\]: "
+                                         rf"up\(x, coordinates=skip\)\), so the output carries the skip's coordinate "
+                                         rf"key \(key {skip.key}\)"):
         ops.cat([up(down), skip])
     out = ops.cat([up(down, coordinates=skip), skip])  # the fix the message names
     assert out.key == skip.key and out.feats.shape == (len(skip), 8)

@@ -93,8 +93,8 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
                     other = i if j == 0 else 0
                     msg += (f"; tensors[{j}] comes from {op} (nn.ConvTranspose3d) called without coordinates=, "
                             f"which generated its own {n_out} rows from {n_in} inputs instead of landing on the "
-                            f"skip's rows: pass the skip tensor (tensors[{other}] here) as coordinates= "
-                            f"(up(x, coordinates=skip)) so the output carries the skip's coordinate key "
+                            f"skip's rows: pass the skip tensor as coordinates= (here tensors[{other}]: "
+                            f"up(x, coordinates=skip)), so the output carries the skip's coordinate key "
                             f"(key {tensors[other].key}) (TorchSparse and MinkowskiEngine reuse the encoder's "
                             f"coordinates implicitly)")
                     break
