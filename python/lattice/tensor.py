@@ -61,6 +61,7 @@ class SparseTensor:
 
     Args:
         coords: (N, 4) integer tensor or numpy array (int32, or int64 within the int32 range).
+            The tensor keeps its own copy: writing into ``coords`` afterwards does not change it.
         feats: (N, C) float tensor or numpy array (float16, bfloat16, float32; float64 for tests).
         stride: tensor stride, an int or 3 ints (default 1).
         batch_counts: optional rows per batch (sums to N; empty batches allowed).
@@ -84,7 +85,7 @@ class SparseTensor:
             self._cs = _coordinate_set
             self._coords = coords
         else:
-            c = as_tensor(coords, "coords", op)
+            c = given = as_tensor(coords, "coords", op)
             if c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
                 raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}"
                                 + _order_hint(feats))
@@ -98,6 +99,12 @@ class SparseTensor:
                     )
                 c = c.to(torch.int32)
             c = c.contiguous()
+            if c.numel() and c.data_ptr() == given.data_ptr():
+                # Still the caller's memory (an int32 tensor or numpy array): keep a copy. The
+                # coordinate index and relations are built once and cached on this set, so a
+                # later write into the caller's array would leave them describing other rows
+                # (a silent wrong answer); one memcpy of N x 16 bytes prevents it.
+                c = c.clone()
             s = as_triple(stride, "stride", op)
             counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
             # features live on the device of the coordinates; checked before the core sees either

@@ -105,6 +105,28 @@ def test_sparse_collate_reports_the_first_repeat_of_a_sparse_tensor_sample():
         ops.sparse_collate([s])
 
 
+# ---- inputs written after the call --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_writing_into_the_coordinates_after_construction_changes_nothing(kind):
+    """The coordinate index and relations are cached on the tensor; the tensor keeps its own copy
+    of the caller's coordinates, so a later write into them cannot leave the cache describing
+    other rows (it used to: the second conv still used the old neighbours of the moved row)."""
+    rows = [[0, 0, 0, 0], [0, 1, 0, 0], [0, 5, 0, 0]]
+    c = torch.tensor(rows, dtype=torch.int32) if kind == "torch" else np.array(rows, dtype=np.int32)
+    x = lattice.SparseTensor(c, torch.ones(3, 1, dtype=torch.float64))
+    w = torch.ones(27, 1, 1, dtype=torch.float64)
+    first = ops.subm_conv3d(x, w, kernel_size=3).feats
+    c[2, 1] = 2  # the caller reuses its array
+    assert x.coords.tolist() == rows
+    second = ops.subm_conv3d(x, w, kernel_size=3).feats
+    assert torch.equal(first, second)
+    rel = oracle.subm_relation(np.array(rows), 3, 1)
+    oracle.assert_close(second, oracle.conv_forward(np.ones((3, 1)), np.ones((27, 1, 1)), rel.in_idx, rel.out_idx,
+                                                    rel.k_idx, rel.n_out), "f64", "subm_conv3d")
+
+
 # ---- point <-> voxel with a voxel size that does not match -------------------------------------
 
 

@@ -15,7 +15,9 @@ The property, for every generated call (``check`` below):
    wrapper raises ``Rejected``: duplicates where rows must be unique, a negative batch id where
    batch ids are read, a value outside int32, shapes, dtypes) must raise; any other input must
    return a result equal to the float64 oracle of tests/oracle (exact for coordinates, the
-   SEMANTICS.md tolerance of the storage dtype for features; NaN/inf in the same places).
+   SEMANTICS.md tolerance of the storage dtype for features; NaN/inf in the same places);
+4. a returned result owns its values: writing into the caller's float inputs (features, points)
+   after the call leaves it unchanged.
 
 Hypothesis runs derandomized with a fixed example budget per op and no example database, so the
 examples are the same on every run and machine and the file takes a few seconds.
@@ -150,8 +152,26 @@ def check(name: str, inputs: list, call: Callable[[], Any], want: Callable[[], A
         return "error"
     assert error is None, f"{name}: raised for an input the contract accepts: {error}"
     compare(got, expected)
+    # Inputs mutated after the call: the result owns its values (writing into the caller's
+    # feature or point tensors afterwards does not change it).
+    outputs = [t for t in _tensors(got)]
+    kept = [_snapshot(t) for t in outputs]
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel():
+            t.add_(1.0)
+    for i, (t, snap) in enumerate(zip(outputs, kept)):
+        assert _unchanged(t, snap), f"{name}: output {i} changed when an input was written after the call"
     OUTCOMES[name].add("ok")
     return "ok"
+
+
+def _tensors(result: Any) -> list:
+    """The tensors of an op's result (a SparseTensor's coordinates and features, tuple items)."""
+    if isinstance(result, lattice.SparseTensor):
+        return [result.coords, result.feats]
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in _tensors(r)]
+    return [result] if isinstance(result, torch.Tensor) else []
 
 
 # ---- oracle-side contract checks ----------------------------------------------------------------
