@@ -41,7 +41,7 @@ from oracle import algebra as algebra_oracle
 from oracle import pool as pool_oracle
 from oracle.quantize import sparse_quantize as quantize_oracle
 
-SWEEP = settings(max_examples=60, derandomize=True, database=None, deadline=None, print_blob=False,
+SWEEP = settings(max_examples=120, derandomize=True, database=None, deadline=None, print_blob=False,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                         HealthCheck.filter_too_much])
 
