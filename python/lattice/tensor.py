@@ -48,8 +48,12 @@ class SparseTensor:
     """A sparse voxel tensor: ``coords`` (N, 4) int32 rows ``(batch, x, y, z)`` and ``feats`` (N, C).
 
     Coordinates are logical lattice indices at ``stride`` (``physical = logical * stride``);
-    negative values are valid. Rows must be unique: ``validate=True`` checks now, otherwise the
-    first op that builds a coordinate index checks and raises ``ValueError``.
+    negative x, y, z are valid. Rows must be unique and batch ids >= 0 (docs/input_rules.md):
+    ``validate=True`` checks both now; otherwise duplicates raise ``ValueError`` at the first op
+    that builds a coordinate index or would be silently wrong with them (``dense``, global pooling,
+    ``sparse_collate``), and a negative batch id at the first op that reads batch ids (global
+    pooling, ``dense``), with the same message. Ops that treat the batch as one more key column
+    (convolution, local pooling, algebra) accept any int32 batch id without validation.
 
     The tensor's coordinate identity (``key``) is what relations are cached under: tensors made by
     feature-only ops (``replace_feats``, nn.BatchNorm, nn.ReLU, ...) share it, ops that change rows
@@ -57,10 +61,11 @@ class SparseTensor:
 
     Args:
         coords: (N, 4) integer tensor or numpy array (int32, or int64 within the int32 range).
+            The tensor keeps its own copy: writing into ``coords`` afterwards does not change it.
         feats: (N, C) float tensor or numpy array (float16, bfloat16, float32; float64 for tests).
         stride: tensor stride, an int or 3 ints (default 1).
         batch_counts: optional rows per batch (sums to N; empty batches allowed).
-        validate: check unique rows now.
+        validate: check unique rows and batch ids >= 0 now.
     """
 
     __slots__ = ("_coords", "_feats", "_cs")
@@ -80,7 +85,7 @@ class SparseTensor:
             self._cs = _coordinate_set
             self._coords = coords
         else:
-            c = as_tensor(coords, "coords", op)
+            c = given = as_tensor(coords, "coords", op)
             if c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
                 raise TypeError(f"[{op}] coords: expected an integer tensor (int32), got {c.dtype}"
                                 + _order_hint(feats))
@@ -94,6 +99,12 @@ class SparseTensor:
                     )
                 c = c.to(torch.int32)
             c = c.contiguous()
+            if c.numel() and c.data_ptr() == given.data_ptr():
+                # Still the caller's memory (an int32 tensor or numpy array): keep a copy. The
+                # coordinate index and relations are built once and cached on this set, so a
+                # later write into the caller's array would leave them describing other rows
+                # (a silent wrong answer); one memcpy of N x 16 bytes prevents it.
+                c = c.clone()
             s = as_triple(stride, "stride", op)
             counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
             # features live on the device of the coordinates; checked before the core sees either
@@ -166,7 +177,12 @@ class SparseTensor:
         return int(self._cs.size)
 
     def validate(self) -> "SparseTensor":
-        """Raises ValueError when coordinate rows repeat; returns self."""
+        """Raises ValueError when a batch id is negative or coordinate rows repeat (the checks of
+        ``validate=True``, same messages); returns self."""
+        batch = self._coords[:, 0]
+        if batch.numel() and int(batch.min()) < 0:
+            r = int((batch < 0).nonzero()[0, 0])
+            raise ValueError(f"[SparseTensor] coords: expected batch ids >= 0, got batch id {int(batch[r])} at row {r}")
         self._cs.validate("SparseTensor")
         return self
 

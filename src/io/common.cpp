@@ -96,7 +96,8 @@ std::string_view op_of(Format format) {
   return "read";
 }
 
-PointCloud parse_as(std::span<const std::byte> bytes, Format format, const detail::Source& src) {
+PointCloud parse_by_format(std::span<const std::byte> bytes, Format format,
+                           const detail::Source& src) {
   switch (format) {
     case Format::kitti:
       return detail::parse_kitti(bytes, src);
@@ -108,6 +109,19 @@ PointCloud parse_as(std::span<const std::byte> bytes, Format format, const detai
       return detail::parse_ply(bytes, src);
   }
   src.fail("a known format", "an unknown format id");
+}
+
+// Every reader's text output (column names, meta keys and values) leaves as UTF-8 (io.h): the
+// parsers work on bytes (binary fields never go through text decoding), and only here is header
+// text turned into strings a caller (or Python) can decode.
+PointCloud parse_as(std::span<const std::byte> bytes, Format format, const detail::Source& src) {
+  PointCloud cloud = parse_by_format(bytes, format, src);
+  for (Column& c : cloud.columns) c.name = detail::header_text(c.name);
+  for (auto& [key, value] : cloud.meta) {
+    key = detail::header_text(key);
+    value = detail::header_text(value);
+  }
+  return cloud;
 }
 
 }  // namespace
@@ -147,8 +161,28 @@ PointCloud read_ply(const std::string& path) { return read_point_cloud(path, For
 
 namespace lattice::io::detail {
 
+// Messages are valid UTF-8 text whatever the file holds: in a part built from raw header words
+// (a keyword, a field list), control bytes (a NUL would cut the message short) and, unless the
+// part is valid UTF-8, bytes >= 0x80 are escaped as \xNN, as quote() does. (Python turns a message
+// that does not decode into a ValueError without any text.)
+std::string message_text(std::string_view text) {
+  const bool utf8 = is_utf8(text);
+  std::string out;
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c >= 0x20 && c < 0x7f) || (c >= 0x80 && utf8)) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 void Source::fail(std::string_view expected, std::string_view got) const {
-  throw_value_error(op, path, expected, got);
+  throw_value_error(op, path, message_text(expected), message_text(got));
 }
 
 std::vector<std::byte> read_file(const Source& src) {
@@ -209,6 +243,58 @@ std::string quote(std::string_view text, std::size_t max) {
     ++shown;
   }
   return out + "'";
+}
+
+bool is_utf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // Lead byte -> sequence length and the allowed range of the first continuation byte
+    // (Unicode Table 3-7: no overlong forms, no surrogates U+D800..DFFF, nothing above U+10FFFF).
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;  // 0x80..0xc1 (continuation or overlong lead) or 0xf5..0xff
+    }
+    if (n - i < len) return false;
+    if (s[i + 1] < lo || s[i + 1] > hi) return false;
+    for (std::size_t k = 2; k < len; ++k)
+      if (s[i + k] < 0x80 || s[i + k] > 0xbf) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::string header_text(std::string_view text) {
+  if (is_utf8(text)) return std::string(text);
+  std::string out;
+  out.reserve(text.size() * 2);
+  for (char ch : text) {  // Latin-1: byte b is code point U+00bb
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      out += static_cast<char>(0xc0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3f));
+    }
+  }
+  return out;
 }
 
 std::string quote(std::span<const std::byte> bytes, std::size_t max) {

@@ -38,6 +38,11 @@ std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const Source& src,
 std::uint64_t checked_add(std::uint64_t a, std::uint64_t b, const Source& src,
                           std::string_view what);
 
+// Header text as UTF-8: `text` itself when it is valid UTF-8, else its bytes read as Latin-1
+// (ISO-8859-1, every byte one code point) and encoded as UTF-8. Never fails.
+std::string header_text(std::string_view text);
+bool is_utf8(std::string_view text);  // strict: no overlong forms, surrogates or > U+10FFFF
+
 // 'text' for messages: quoted, non-printable bytes as \xNN, cut to `max` characters.
 std::string quote(std::string_view text, std::size_t max = 48);
 std::string quote(std::span<const std::byte> bytes, std::size_t max = 48);

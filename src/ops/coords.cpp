@@ -295,7 +295,7 @@ Array dense_index(const Array& coords, Int3 origin, std::array<std::int64_t, 3> 
   for (std::int64_t i = 0; i < n; ++i) {
     if (v[4 * i] < 0)
       throw_value_error(op, "coords", "batch ids >= 0",
-                        std::to_string(v[4 * i]) + " at row " + std::to_string(i));
+                        "batch id " + std::to_string(v[4 * i]) + " at row " + std::to_string(i));
     for (int axis = 0; axis < 3; ++axis) {
       const std::int64_t d = std::int64_t{v[4 * i + 1 + axis]} - origin[axis];
       if (d < 0 || d >= size[axis])

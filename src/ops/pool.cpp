@@ -167,6 +167,10 @@ PoolPlan plan_global_pool(std::string_view op, PoolMode mode,
                           const std::shared_ptr<CoordinateSet>& x, const PoolOptions& options) {
   LATTICE_ASSERT(mode != PoolMode::weighted, "global pooling takes sum, avg or max");
   check_input(op, x);
+  // Rows must be unique (SEMANTICS.md): a repeated site would be counted twice in its batch's sum
+  // (and mean) without any sign. Building the coordinate index is the O(N) hash check that names
+  // the first repeated row; it is cached on the set, so a tensor a convolution has seen pays nothing.
+  (void)x->index(op);
   PoolPlan plan = plan_base(op, mode, PoolEdges::batch, x, options);
   const std::int64_t n = x->size();
   {
@@ -178,7 +182,7 @@ PoolPlan plan_global_pool(std::string_view op, PoolMode mode,
     a.device = x->coords().device();
     backend::PoolEdgeList edges = edge_kernels(op, PoolEdgesPass::batch, a.device, n).batch_edges(a);
     if (edges.negative_row >= 0)
-      throw_value_error(op, "coords", "batch ids >= 0 for global pooling",
+      throw_value_error(op, "coords", "batch ids >= 0",
                         "batch id " + std::to_string(edges.negative_batch) + " at row " +
                             std::to_string(edges.negative_row));
     const std::int64_t batches = edges.out_ptr.dim(0) - 1;

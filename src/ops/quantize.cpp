@@ -63,8 +63,8 @@ Array checked_batch(std::string_view op, const Array* batch_indices, std::int64_
     args.device = device;
     backend::BatchIdsResult r = k->batch_ids(args);
     if (r.bad_row >= 0)
-      throw_value_error(op, "batch_indices", "values in [0, 2^31)",
-                        std::to_string(r.bad_value) + " at row " + std::to_string(r.bad_row));
+      throw_value_error(op, "batch_indices", r.bad_value < 0 ? "batch ids >= 0" : "batch ids below 2^31",
+                        "batch id " + std::to_string(r.bad_value) + " at row " + std::to_string(r.bad_row));
     return std::move(r.batch);
   }
 }

@@ -92,6 +92,22 @@ void validate_batch_counts(const Array& coords, const std::vector<std::int64_t>&
   }
 }
 
+// The one batch-id rule (SEMANTICS.md "Sparse tensor"): batch ids are >= 0. Checked here when
+// the caller asks for validation, and by every op that reads batch ids (global pooling, dense,
+// sparse_quantize / point-voxel batch_indices) with this same wording; ops that treat the batch
+// as one more key column (conv, local pooling, algebra) do not look. coords is contiguous.
+void validate_batch_ids(const Array& coords, std::string_view op) {
+  const Array host = coords.device().is_cpu() ? coords : coords.to(Device::cpu());
+  const auto* v = host.data<std::int32_t>();
+  const std::int64_t n = host.dim(0);
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (v[4 * r] < 0) {
+      throw_value_error(op, "coords", "batch ids >= 0",
+                        "batch id " + std::to_string(v[4 * r]) + " at row " + std::to_string(r));
+    }
+  }
+}
+
 bool needs_target(RelationKind kind) {
   return kind == RelationKind::target || kind == RelationKind::transposed_target;
 }
@@ -111,7 +127,10 @@ std::shared_ptr<CoordinateSet> CoordinateSet::create(
   set->coords_ = std::move(contiguous);
   set->stride_ = stride;
   set->batch_counts_ = std::move(batch_counts);
-  if (validate) set->index(op);
+  if (validate) {
+    validate_batch_ids(set->coords_, op);
+    set->index(op);
+  }
   return set;
 }
 

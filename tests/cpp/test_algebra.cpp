@@ -293,7 +293,7 @@ TEST(CoordsRows, ValidationNamesOpAndArgument) {
   EXPECT_EQ(message([&] { ops::dense_index(c, {0, 0, 0}, {-1, 1, 1}); }),
             "[dense] shape: expected non-negative sizes, got (-1, 1, 1)");
   EXPECT_EQ(message([&] { ops::dense_index(coords_of({{-1, 0, 0, 0}}), {0, 0, 0}, {1, 1, 1}); }),
-            "[dense] coords: expected batch ids >= 0, got -1 at row 0");
+            "[dense] coords: expected batch ids >= 0, got batch id -1 at row 0");
   EXPECT_EQ(message([&] { ops::dense_index(c, {0, 0, 0}, {1, 1, 1}); }),
             "[dense] coords: expected x, y, z within [origin, origin + shape) with origin "
             "(0, 0, 0) and shape (1, 1, 1), got row 1 (0, 1, 0, 0)");

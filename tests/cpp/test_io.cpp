@@ -455,5 +455,63 @@ TEST(IoSharedData, RealFilesHaveTheDocumentedCounts) {
   EXPECT_EQ(finite, 254456);
 }
 
+// Header text leaves the readers as UTF-8: valid UTF-8 kept as it is, anything else read as
+// Latin-1 (io.h). The validator is strict, like Python's decoder: what it accepts, Python decodes.
+TEST(IoText, HeaderTextIsUtf8OrLatin1) {
+  using detail::header_text;
+  using detail::is_utf8;
+  EXPECT_TRUE(is_utf8("plain ascii"));
+  EXPECT_TRUE(is_utf8("Caf\xc3\xa9"));          // é, 2 bytes
+  EXPECT_TRUE(is_utf8("\xe2\x82\xac"));          // €, 3 bytes
+  EXPECT_TRUE(is_utf8("\xf0\x9f\x98\x80"));      // U+1F600, 4 bytes
+  EXPECT_TRUE(is_utf8("\xf4\x8f\xbf\xbf"));      // U+10FFFF, the last code point
+  EXPECT_FALSE(is_utf8("Caf\xe9"));              // Latin-1 é
+  EXPECT_FALSE(is_utf8("\xc0\x80"));             // overlong NUL
+  EXPECT_FALSE(is_utf8("\xe0\x80\xaf"));         // overlong '/'
+  EXPECT_FALSE(is_utf8("\xed\xa0\x80"));         // surrogate U+D800
+  EXPECT_FALSE(is_utf8("\xf4\x90\x80\x80"));     // above U+10FFFF
+  EXPECT_FALSE(is_utf8("\xe2\x82"));             // truncated sequence
+  EXPECT_FALSE(is_utf8("\x80"));                 // lone continuation byte
+  EXPECT_EQ(header_text("Caf\xc3\xa9"), "Caf\xc3\xa9");
+  EXPECT_EQ(header_text("Caf\xe9"), "Caf\xc3\xa9");
+  EXPECT_EQ(header_text("\xff\x80"), "\xc3\xbf\xc2\x80");
+}
+
+TEST(IoText, LatinOneSoftwareFieldReadsAndValuesAreUnchanged) {
+  // a LAS 1.2 format-0 file of one point with "Syst\xe8me" / "Caf\xe9" in its text fields
+  std::vector<std::byte> b(227 + 20);
+  auto put = [&](std::size_t at, const void* p, std::size_t n) { std::memcpy(b.data() + at, p, n); };
+  put(0, "LASF", 4);
+  b[24] = std::byte{1};
+  b[25] = std::byte{2};
+  put(26, "Syst\xe8me", 7);
+  put(58, "Caf\xe9", 4);
+  const std::uint16_t header = 227, record = 20;
+  const std::uint32_t offset = 227, count = 1;
+  put(94, &header, 2);
+  put(96, &offset, 4);
+  b[104] = std::byte{0};
+  put(105, &record, 2);
+  put(107, &count, 4);
+  const double scale[3] = {1, 1, 1};
+  put(131, scale, sizeof scale);
+  const std::int32_t xyz[3] = {7, -8, 9};
+  put(227, xyz, sizeof xyz);
+  const PointCloud cloud = parse_point_cloud(b, Format::las, "t.las");
+  std::string software, system;
+  for (const auto& [k, v] : cloud.meta) {
+    if (k == "generating_software") software = v;
+    if (k == "system_identifier") system = v;
+  }
+  EXPECT_EQ(software, "Caf\xc3\xa9");
+  EXPECT_EQ(system, "Syst\xc3\xa8me");
+  const Column* c = cloud.find("xyz");
+  ASSERT_NE(c, nullptr);
+  const auto* v = c->data.data<double>();
+  EXPECT_EQ(v[0], 7.0);
+  EXPECT_EQ(v[1], -8.0);
+  EXPECT_EQ(v[2], 9.0);
+}
+
 }  // namespace
 }  // namespace lattice::io

@@ -638,6 +638,20 @@ TEST(CoordinateSet, DuplicateRowsRaiseNamingBothRows) {
             expected);
 }
 
+// The batch-id rule (docs/input_rules.md): negative ids raise at construction with `validate`
+// (before the duplicate check, naming the first offending row); without it the set is created
+// and ops that only key on the batch build their relations as for any other batch.
+TEST(CoordinateSet, NegativeBatchIdsRaiseWhenValidating) {
+  const Array coords = Array::from_vector<std::int32_t>({0, 0, 0, 0, -3, 1, 0, 0, -1, 2, 0, 0, -1, 2, 0, 0}, {4, 4});
+  EXPECT_EQ(error_message<ValueError>(
+                [&] { CoordinateSet::create(coords, cube(1), std::nullopt, true, "SparseTensor"); }),
+            "[SparseTensor] coords: expected batch ids >= 0, got batch id -3 at row 1");
+  const Array unique_rows = Array::from_vector<std::int32_t>({0, 0, 0, 0, -3, 1, 0, 0, -3, 2, 0, 0}, {3, 4});
+  auto lazy = CoordinateSet::create(unique_rows, cube(1));
+  const auto r = lazy->relation(RelationKind::submanifold, spec_of(cube(3)), nullptr, "subm_conv3d");
+  EXPECT_EQ(r.relation->n_edges, 3 + 2);  // three centres, and rows 1 and 2 of batch -3 are neighbours
+}
+
 TEST(CoordinateSet, RelationCacheReturnsTheSamePointer) {
   auto x = make_set({{0, 0, 0, 0}, {0, 1, 0, 0}, {0, 3, 3, 3}});
   auto first = relate(x, RelationKind::forward, spec_of(cube(2), cube(2)));

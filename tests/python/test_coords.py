@@ -444,7 +444,7 @@ def test_dense_rejects_negative_sizes():
 
 def test_dense_rejects_negative_batch_ids():
     x = lattice.SparseTensor(torch.tensor([[-1, 0, 0, 0]]), torch.zeros(1, 1))
-    with pytest.raises(ValueError, match=r"^\[dense\] coords: expected batch ids >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^\[dense\] coords: expected batch ids >= 0, got batch id -1 at row 0$"):
         x.dense()
 
 

@@ -669,7 +669,7 @@ def test_pool_backward_core_max_without_argmax_raises_value_error(x):
 
 def test_global_pool_negative_batch_id_raises_value_error():
     x = st([[0, 0, 0, 0], [-1, 0, 0, 0]], c=1)
-    with pytest.raises(ValueError, match=r"^\[global_sum_pool\] coords: expected batch ids >= 0 for global pooling, got batch id -1 at row 1"):
+    with pytest.raises(ValueError, match=r"^\[global_sum_pool\] coords: expected batch ids >= 0, got batch id -1 at row 1"):
         ops.global_sum_pool(x)
 
 

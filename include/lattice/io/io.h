@@ -10,6 +10,11 @@
 // - Malformed input throws lattice::ValueError "[read_<format>] <path>: expected ..., got ..."
 //   (wrong magic, truncation, impossible counts, unknown types, overflowing sizes); nothing else
 //   escapes for bad bytes. A missing or unreadable file is a ValueError of the same format.
+// - Header text (column names, `meta` keys and values) is returned as UTF-8: text that is valid
+//   UTF-8 is kept, any other string is read as Latin-1 (ISO-8859-1; LAS generating_software,
+//   PLY comments and property names, PCD fields written by Windows tools) and converted, so a
+//   non-UTF-8 byte never makes a file unreadable. Binary fields are parsed from bytes and never
+//   depend on text decoding. Error messages quote file bytes as ASCII (others as \xNN).
 // - Outputs are contiguous CPU arrays in host byte order. Values keep the file's types (a PLY
 //   `ushort` stays uint16); derived columns ("xyz", "colors") are documented per reader.
 #pragma once

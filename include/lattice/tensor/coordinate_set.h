@@ -28,8 +28,9 @@ class CoordinateSet : public std::enable_shared_from_this<CoordinateSet> {
  public:
   // coords: (N, 4) int32 rows (batch, x, y, z), logical lattice indices at `stride`.
   // The array is made contiguous and kept (not copied when already contiguous; never mutated).
-  // `op` names the caller in validation errors. With `validate`, duplicate rows raise now;
-  // otherwise they raise the first time an op builds the index.
+  // `op` names the caller in validation errors. With `validate`, negative batch ids and
+  // duplicate rows raise now; otherwise duplicates raise the first time an op builds the index
+  // and negative batch ids when an op that reads batch ids (global pooling, dense) meets them.
   static std::shared_ptr<CoordinateSet> create(const Array& coords, Int3 stride,
                                                std::optional<std::vector<std::int64_t>> batch_counts = {},
                                                bool validate = false, std::string_view op = "SparseTensor");

@@ -185,6 +185,9 @@ class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
 
 
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
+    if feats.shape[1] != bn.num_features:  # torch would say "running_mean should contain C elements not ..."
+        raise ValueError(f"[{op}] input: expected features with C={bn.num_features} channels ({op}({bn.num_features})), "
+                         f"got {feats.shape[1]} channels (shape {tuple(feats.shape)})")
     for what in ("weight", "bias", "running_mean", "running_var"):
         check_device(op, what, getattr(bn, what, None), feats.device)
     if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda:

@@ -229,7 +229,12 @@ def sparse_collate(samples: Sequence[Any], *, stride: IntOr3 = 1, validate: bool
     Each sample is ``(coords, feats)`` with coords (N_i, 3) ``(x, y, z)`` or (N_i, 4) (its batch column
     is ignored) and feats (N_i, C), or a SparseTensor (its batch column is ignored). Sample i gets
     batch id i; ``batch_counts`` = [N_0, N_1, ...]. Features keep their autograd history (torch.cat).
-    All samples share C and the float dtype. ``validate=True`` checks unique rows now.
+    All samples share C and the float dtype.
+
+    Rows must be unique within each sample (SEMANTICS.md): they are always checked (the O(N) hash
+    index this builds is cached on the result, so the first op on it does not build it again); a
+    repeated row raises ``ValueError`` naming the sample, its row and the row it repeats.
+    ``validate`` is accepted for compatibility (the check no longer depends on it).
     """
     op = "sparse_collate"
     if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -252,7 +257,35 @@ def sparse_collate(samples: Sequence[Any], *, stride: IntOr3 = 1, validate: bool
         coords.append(to_core(c))
         feats.append(f)
     batched, counts = core.collate_coords(coords)
-    return SparseTensor(from_core(batched), torch.cat(feats), stride, counts, validate=validate)
+    out = SparseTensor(from_core(batched), torch.cat(feats), stride, counts)
+    try:
+        out._cs.validate(op)
+    except ValueError:
+        raise _collate_duplicate(op, out.coords, counts) from None
+    return out
+
+
+def _collate_duplicate(op: str, batched: torch.Tensor, counts: Sequence[int]) -> ValueError:
+    """The error for repeated rows in sparse_collate's output, in the samples' own terms (sample
+    i is batch i, so a repeat always lies within one sample): the first row that repeats an earlier
+    row of its sample. Runs only once the index has found a repeat."""
+    _, inverse = torch.unique(batched.cpu(), dim=0, return_inverse=True)
+    first_row: dict[int, int] = {}
+    for r, u in enumerate(inverse.tolist()):
+        if u in first_row:
+            break
+        first_row[u] = r
+    else:  # pragma: no cover - the index reported a repeat
+        return ValueError(f"[{op}] samples: expected unique rows, got a repeated row")
+    start = 0
+    for i, n in enumerate(counts):
+        if r < start + n:
+            break
+        start += n
+    xyz = tuple(int(v) for v in batched[r, 1:].tolist())
+    return ValueError(f"[{op}] samples[{i}] coords: expected unique rows within a sample, got row {r - start} "
+                      f"{xyz} equal to row {first_row[u] - start} (merge repeats first, e.g. with "
+                      f"lattice.ops.sparse_from_coordinates or sparse_quantize)")
 
 
 def sparse_from_coordinates(coords: Any, feats: Any, *, reduction: str = "mean", stride: IntOr3 = 1,
@@ -312,7 +345,8 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
 
     B is ``len(batch_counts)`` when set, else ``max(batch) + 1``. Grids above
     ``DENSE_MAX_ELEMENTS`` (2^26) elements raise ValueError: this is for small grids (tests,
-    visualisation). Differentiable in the features.
+    visualisation). Rows must be unique and batch ids >= 0 (ValueError naming the first offending
+    row otherwise). Differentiable in the features.
     """
     op = "dense"
     check_sparse(op, "input", x)
@@ -331,7 +365,12 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
             raise ValueError(f"[{op}] shape: expected non-negative sizes, got {size}")
     batch = x.coords[:, 0].long()
     if len(x) and int(batch.min()) < 0:
-        raise ValueError(f"[{op}] coords: expected batch ids >= 0, got {int(batch.min())}")
+        r = int((batch < 0).nonzero()[0, 0])
+        raise ValueError(f"[{op}] coords: expected batch ids >= 0, got batch id {int(batch[r])} at row {r}")
+    # Rows must be unique (SEMANTICS.md): index_put would keep one of two rows of a cell and drop
+    # the other without a sign. The coordinate index is the O(N) hash check naming the first
+    # repeated row; it is cached on the coordinate set (free for a tensor an op has indexed).
+    x._cs.validate(op)
     b = len(x.batch_counts) if x.batch_counts is not None else (int(batch.max()) + 1 if len(x) else 0)
     c = x.feats.shape[1]
     total = b * c * size[0] * size[1] * size[2]

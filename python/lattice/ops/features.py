@@ -90,10 +90,13 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
             for j, u in ((0, first), (i, t)):
                 if u.key in GENERATED:
                     n_in, n_out, op = GENERATED[u.key]
+                    other = i if j == 0 else 0
                     msg += (f"; tensors[{j}] comes from {op} (nn.ConvTranspose3d) called without coordinates=, "
                             f"which generated its own {n_out} rows from {n_in} inputs instead of landing on the "
-                            f"skip's rows: pass the skip tensor as coordinates= (TorchSparse and "
-                            f"MinkowskiEngine reuse the encoder's coordinates implicitly)")
+                            f"skip's rows: pass the skip tensor as coordinates= (here tensors[{other}]: "
+                            f"up(x, coordinates=skip)), so the output carries the skip's coordinate key "
+                            f"(key {tensors[other].key}) (TorchSparse and MinkowskiEngine reuse the encoder's "
+                            f"coordinates implicitly)")
                     break
             raise ValueError(msg)
     return first.replace_feats(torch.cat([t.feats for t in tensors], dim=1))

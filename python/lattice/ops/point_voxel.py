@@ -203,6 +203,7 @@ def build_point_voxel_map(
     origin: FloatOr3 = 0.0,
     batch_indices: Optional[Any] = None,
     route: Optional[str] = None,
+    allow_mismatch: bool = False,
 ) -> PointVoxelMap:
     """Maps points onto the rows of ``voxels``.
 
@@ -227,6 +228,20 @@ def build_point_voxel_map(
         origin: number or 3 numbers.
         batch_indices: optional (P,) integer batch ids matched against the voxels' batch column.
         route: force a ``point_voxel`` route ("parallel", "reference").
+        allow_mismatch: skip the mismatch check (below).
+
+    Mismatch check: when more than half of the points match no voxel (nearest: no containing
+    voxel; trilinear: no present corner) *and* more than half of the voxels receive no point,
+    the points and the voxels do not describe the same grid (a ``voxel_size``, ``origin``, stride
+    or batch ids other than the voxels were built with), and the map would silently leave most
+    points at -1 / weight 0: that raises ValueError. Either half alone is legitimate and passes
+    (voxels pruned or cropped after voxelization: points without a voxel, every voxel still
+    hit; a subset of the points: voxels without a point). ``allow_mismatch=True`` turns the check
+    off. Cost: one pass over the map, O(P + M).
+
+    Raises:
+        ValueError: the mismatch above (the message gives both counts and the voxel size the
+            extents of the points and of the voxel coordinates suggest), or invalid arguments.
     """
     op = "build_point_voxel_map"
     p = _points(points, op)
@@ -236,13 +251,44 @@ def build_point_voxel_map(
     if not isinstance(normalize, bool):
         raise TypeError(f"[{op}] normalize: expected a bool, got {type(normalize).__name__}")
     _check_route(op, route)
+    if not isinstance(allow_mismatch, bool):
+        raise TypeError(f"[{op}] allow_mismatch: expected a bool, got {type(allow_mismatch).__name__}")
     check_device(op, "voxels", voxels, p.device)
     b = _batch(batch_indices, op, p)
-    m = core.build_point_voxel_map(
-        to_core(p), voxels._cs, _triple_float(voxel_size, "voxel_size", op), _triple_float(origin, "origin", op),
+    size = _triple_float(voxel_size, "voxel_size", op)
+    m = PointVoxelMap(core.build_point_voxel_map(
+        to_core(p), voxels._cs, size, _triple_float(origin, "origin", op),
         mode, normalize, None if b is None else to_core(b), route,
-    )
-    return PointVoxelMap(m)
+    ))
+    n, n_voxels = int(p.shape[0]), len(voxels)
+    if not allow_mismatch and n and n_voxels:
+        hit = m.indices[m.indices >= 0]
+        unmatched = n - int((m.indices >= 0).any(dim=1).sum())
+        empty = n_voxels - int(torch.unique(hit).numel())
+        if 2 * unmatched > n and 2 * empty > n_voxels:
+            raise ValueError(_mismatch_message(op, p, voxels, size, unmatched, n, empty))
+    return m
+
+
+def _mismatch_message(op: str, p: torch.Tensor, voxels: SparseTensor, size: Sequence[float], unmatched: int,
+                      n: int, empty: int) -> str:
+    """build_point_voxel_map's mismatch error, with the voxel size that the extent of the points
+    over the extent of the voxel coordinates suggests (a hint: exact for voxels built from these
+    points up to one cell per axis)."""
+    msg = (f"[{op}] voxel_size: expected the stride-1 voxel size the voxels were built with, got "
+           f"{tuple(size)}, under which {unmatched} of {n} points match no voxel and {empty} of {len(voxels)} voxels "
+           f"(stride {voxels.stride}) get no point")
+    if len(voxels) and n > 1:
+        pts = p.detach().double()
+        extent = (pts.max(0).values - pts.min(0).values).cpu()
+        c = voxels.coords[:, 1:].long()
+        cells = (c.max(0).values - c.min(0).values + 1).cpu()
+        stride = torch.tensor(voxels.stride, dtype=torch.float64)
+        suggested = tuple(float(f"{float(e) / float(k * s):.3g}") for e, k, s in zip(extent, cells, stride))
+        if all(v > 0 for v in suggested):
+            msg += (f"; the points span {tuple(round(float(e), 6) for e in extent)} and the voxels "
+                    f"{tuple(int(k) for k in cells)} cells, i.e. a voxel size near {suggested}")
+    return msg + " (check voxel_size, origin and batch_indices; allow_mismatch=True skips this check)"
 
 
 # ---- devoxelize --------------------------------------------------------------------------------

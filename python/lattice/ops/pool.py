@@ -246,7 +246,8 @@ def global_sum_pool(input: SparseTensor, *, route: Optional[str] = None, determi
     """Sum of the rows of each batch: a dense ``(B, C)`` tensor.
 
     ``B = len(batch_counts)`` when the input carries batch counts, else ``max batch id + 1``
-    (0 for an empty input); batch ids must be >= 0. An empty batch gives a zero row.
+    (0 for an empty input); batch ids must be >= 0 and rows unique (ValueError naming the first
+    offending row: a repeated row would be counted twice). An empty batch gives a zero row.
     """
     return _global("global_sum_pool", "sum", input, route, deterministic)
 
