@@ -902,7 +902,11 @@ def coord_op(op: str, name: str, device: torch.device, route_of: Callable[[str],
         y = ops.crop(x, (-5, -5, -5), (6, 7, 8))
         return [y.coords, y.feats]
     if op == "sparse_collate":
-        samples = [(d(c[: n // 2]), d(f[: n // 2])), (d(c[n // 2:, 1:].contiguous()), d(f[n // 2:]))]
+        # sample i gets batch id i, so rows must be unique by (x, y, z) within a sample (the
+        # workloads repeat (x, y, z) across batches): keep each sample's first occurrences
+        a, b = _first_unique_xyz(c[: n // 2]), _first_unique_xyz(c[n // 2:])
+        fa, fb = f[: n // 2][a], f[n // 2:][b]
+        samples = [(d(c[: n // 2][a]), d(fa)), (d(c[n // 2:][b][:, 1:].contiguous()), d(fb))]
         y = ops.sparse_collate(samples)
         return [y.coords, y.feats, torch.tensor(y.batch_counts)]
     if op.startswith("sparse_from_coordinates"):
@@ -922,6 +926,17 @@ def coord_op(op: str, name: str, device: torch.device, route_of: Callable[[str],
         y = ops.from_dense(d(g), origin=(-2, 3, -1))
         return [y.coords, y.feats, torch.tensor(y.batch_counts)]
     raise ValueError(op)
+
+
+def _first_unique_xyz(rows: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows whose (x, y, z) has not occurred before, in order."""
+    seen: set[tuple[int, ...]] = set()
+    keep = []
+    for i, r in enumerate(rows[:, 1:].tolist()):
+        if tuple(r) not in seen:
+            seen.add(tuple(r))
+            keep.append(i)
+    return torch.tensor(keep, dtype=torch.long)
 
 
 # coordinate utility -> (family, table pass, geometry) of its explain() on CUDA data
