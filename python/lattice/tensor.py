@@ -249,12 +249,14 @@ class SparseTensor:
         return self.replace_feats(-self._feats)
 
     # -- dense grids (lattice.ops.dense / from_dense) ---------------------------------------------
-    def dense(self, shape: Optional[Stride] = None, origin: Stride = 0) -> torch.Tensor:
-        """The dense (B, C, X, Y, Z) grid of this tensor; see :func:`lattice.ops.dense` (small grids
-        only: above 2^26 elements it raises ValueError)."""
+    def dense(self, shape: Optional[Stride] = None, origin: Stride = 0, *,
+              max_bytes: Optional[int] = None) -> torch.Tensor:
+        """The dense (B, C, X, Y, Z) grid of this tensor; see :func:`lattice.ops.dense` (no fixed
+        size limit: a grid larger than ``max_bytes``, default the memory available on the device,
+        raises ValueError saying how much it would take)."""
         from .ops.coords import dense
 
-        return dense(self, shape, origin)
+        return dense(self, shape, origin, max_bytes=max_bytes)
 
     @classmethod
     def from_dense(cls, grid: torch.Tensor, *, origin: Stride = 0, stride: Stride = 1) -> "SparseTensor":
