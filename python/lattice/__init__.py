@@ -29,3 +29,5 @@ import sys as _sys
 _sys.modules[__name__ + ".export"] = _export
 del _sys
 __all__ += ["export", "load_exported", "ExportError"]
+from . import _compile  # torch.compile (torch >= 2): lattice's core calls stay out of dynamo's graphs
+_compile.install()

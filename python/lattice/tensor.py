@@ -98,13 +98,14 @@ class SparseTensor:
             counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
             # features live on the device of the coordinates; checked before the core sees either
             check_device(op, "feats", as_tensor(feats, "feats", op), c.device)
-            self._cs = core.CoordinateSet.create(to_core(c), s, counts, validate)
+            self._cs = _coordinate_set_of(c, s, counts, validate)
             self._coords = c
         f = as_tensor(feats, "feats", op)
         if not f.dtype.is_floating_point:
             raise TypeError(f"[{op}] feats: expected a float tensor (float16, bfloat16, float32, float64), got {f.dtype}")
-        if f.dim() != 2 or f.shape[0] != self._cs.size:
-            raise ValueError(f"[{op}] feats: expected shape (N={self._cs.size}, C), got {tuple(f.shape)}")
+        n = self._coords.shape[0]  # the coordinate set's size (read from the tensor: traceable by torch.compile)
+        if f.dim() != 2 or f.shape[0] != n:
+            raise ValueError(f"[{op}] feats: expected shape (N={n}, C), got {tuple(f.shape)}")
         check_device(op, "feats", f, self._coords.device)
         self._feats = f
 
@@ -163,7 +164,7 @@ class SparseTensor:
         return self._feats.device
 
     def __len__(self) -> int:
-        return int(self._cs.size)
+        return int(self._coords.shape[0])
 
     def validate(self) -> "SparseTensor":
         """Raises ValueError when coordinate rows repeat; returns self."""
@@ -277,6 +278,13 @@ class SparseTensor:
             f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "
             f"dtype={self._feats.dtype}, device={self._feats.device}, key={self.key})"
         )
+
+
+def _coordinate_set_of(coords: torch.Tensor, stride: tuple[int, int, int], counts: Optional[list[int]],
+                       validate: bool) -> Any:
+    """The core coordinate set of (N, 4) int32 contiguous ``coords`` (the one core call of
+    SparseTensor construction; lattice._compile keeps it out of torch.compile graphs)."""
+    return core.CoordinateSet.create(to_core(coords), stride, counts, validate)
 
 
 def _rebuild_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, stride: Any, batch_counts: Any) -> SparseTensor:
