@@ -35,7 +35,8 @@ void bind_core(py::module_& m) {
       }, py::arg("op") = "SparseTensor")
       .def("lookup", &CoordinateSet::lookup, py::arg("b"), py::arg("x"), py::arg("y"), py::arg("z"),
            py::arg("op") = "lookup")
-      .def_property_readonly("cached_relation_count", &CoordinateSet::cached_relation_count);
+      .def_property_readonly("cached_relation_count", &CoordinateSet::cached_relation_count)
+      .def_property_readonly("transposed_relation_count", &CoordinateSet::transposed_relation_count);
 
   py::class_<Relation, std::shared_ptr<Relation>>(m, "Relation")
       .def_property_readonly("kind", [](const Relation& r) { return std::string(to_string(r.kind)); })
@@ -65,6 +66,23 @@ void bind_core(py::module_& m) {
   m.def("current_stream", [](int device_index) { return current_stream(Device::cuda(device_index)); },
         py::arg("device_index"));
   m.def("backend_info", &backend_info);
+  // The CUDA allocator's counters (all zero without CUDA) and its cache flush.
+  m.def("cuda_memory_stats", [] {
+    const DeviceMemoryStats st = device_memory_stats(DeviceType::cuda);
+    py::dict d;
+    d["driver_allocs"] = st.driver_allocs;
+    d["driver_frees"] = st.driver_frees;
+    d["cache_hits"] = st.cache_hits;
+    d["live_bytes"] = st.live_bytes;
+    d["cached_bytes"] = st.cached_bytes;
+    d["host_syncs"] = st.host_syncs;
+    d["graph_allocs"] = st.graph_allocs;
+    return d;
+  });
+  m.def("cuda_empty_cache", [] {
+    py::gil_scoped_release release;
+    device_empty_cache(DeviceType::cuda);
+  });
   // The route table's rows (src/route/<family>_routes.cpp): the one declaration of every route,
   // read by the docs generator and by the tests that iterate over routes.
   m.def("route_table", [] {

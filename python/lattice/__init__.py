@@ -29,5 +29,7 @@ import sys as _sys
 _sys.modules[__name__ + ".export"] = _export
 del _sys
 __all__ += ["export", "load_exported", "ExportError"]
-from . import _compile  # torch.compile (torch >= 2): lattice's core calls stay out of dynamo's graphs
-_compile.install()
+from . import cuda  # lattice's CUDA allocator: memory_stats / host_syncs / empty_cache (issue 12)
+__all__ += ["cuda"]
+from . import _compile  # torch.compile (torch >= 2): lattice's core calls stay out of dynamo's graphs (last:
+_compile.install()      # it wraps the ops every lattice module imported)

@@ -53,9 +53,18 @@ def to_core(t: torch.Tensor) -> Any:
     t = t.detach()
     if t.is_cuda:
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        core.set_current_stream(index, torch.cuda.current_stream(index).cuda_stream)
+        core.set_current_stream(index, _raw_stream(index))
         t = t.contiguous()
     return torch.utils.dlpack.to_dlpack(t)
+
+
+def _raw_stream_slow(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# torch's current stream as an integer handle, without building a torch.cuda.Stream object (the
+# accessor torch's own compiler uses; older torch falls back to the public API).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 def from_core(capsule: Any) -> torch.Tensor:

@@ -41,6 +41,12 @@ struct RelationView {
   // The N_out x K implicit-GEMM map (int32 (n_out, K), input row or -1), or null: CUDA routes
   // that read it build it on the device when null.
   const std::int32_t* gemm_map = nullptr;
+  // k_ptr on the host (K + 1 int64), for host loops over offsets (per-offset GEMM launches):
+  // read back from the device once per relation, on first request, and kept with the relation.
+  // Null when the caller attached none (routes then read k_ptr back themselves).
+  const std::int64_t* (*host_k_ptr_of)(const void* owner) = nullptr;
+  const void* host_k_ptr_owner = nullptr;
+  const std::int64_t* host_k_ptr() const { return host_k_ptr_of ? host_k_ptr_of(host_k_ptr_owner) : nullptr; }
 };
 
 // One convolution pass. Weight is always the canonical (K, C_in, C_out) layout, same dtype as
@@ -460,6 +466,17 @@ struct DeviceInputGroupingArgs {
 };
 struct DeviceInputGrouping {
   Array in_ptr, kt_in, kt_out;
+};
+// The transpose of a built relation R (n_in -> n_out, K offsets, E edges): the relation whose
+// edges are R's with input and output swapped and the same offset index, i.e. every view of
+// DeviceEdges for n_out -> n_in. A transposed conv onto the input of the strided conv that
+// produced its own input reads exactly this relation (even kernel sizes; see relation.cpp).
+struct DeviceTransposeArgs {
+  std::int64_t n_in = 0;  // R's
+  std::int64_t n_out = 0;
+  std::int64_t kernel_volume = 1;
+  std::int64_t n_edges = 0;
+  Array in_idx, out_idx, k_idx;  // R's output-major edge list
 };
 
 // ---- index builders for data on a device (pooling edges, point grouping) ----------------------

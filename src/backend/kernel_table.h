@@ -111,6 +111,7 @@ struct RelationKernels {
   DeviceEdges (*edges)(const DeviceEdgeArgs&) = nullptr;
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
+  DeviceEdges (*transpose)(const DeviceTransposeArgs&) = nullptr;
 };
 // nullptr when the route has no kernels in this build.
 const RelationKernels* find_relation_kernels(RouteId id);

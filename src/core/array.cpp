@@ -17,9 +17,14 @@ std::mutex& allocator_mutex() {
   static std::mutex m;
   return m;
 }
-DeviceAllocator& cuda_allocator() {
-  static DeviceAllocator a;
+// Shared so that a caller takes a reference under the lock, not a copy of every hook.
+std::shared_ptr<const DeviceAllocator>& cuda_allocator_slot() {
+  static std::shared_ptr<const DeviceAllocator> a = std::make_shared<const DeviceAllocator>();
   return a;
+}
+std::shared_ptr<const DeviceAllocator> cuda_allocator_ref() {
+  std::lock_guard lock(allocator_mutex());
+  return cuda_allocator_slot();
 }
 
 void* cpu_allocate(std::size_t nbytes) {
@@ -103,13 +108,24 @@ Storage::~Storage() {
 void register_device_allocator(DeviceType type, DeviceAllocator allocator) {
   LATTICE_ASSERT(type == DeviceType::cuda, "only the CUDA allocator is pluggable");
   std::lock_guard lock(allocator_mutex());
-  cuda_allocator() = std::move(allocator);
+  cuda_allocator_slot() = std::make_shared<const DeviceAllocator>(std::move(allocator));
 }
 
 bool has_device_allocator(DeviceType type) {
   if (type == DeviceType::cpu) return true;
-  std::lock_guard lock(allocator_mutex());
-  return static_cast<bool>(cuda_allocator().allocate);
+  return static_cast<bool>(cuda_allocator_ref()->allocate);
+}
+
+DeviceMemoryStats device_memory_stats(DeviceType type) {
+  if (type == DeviceType::cpu) return {};
+  const auto alloc = cuda_allocator_ref();
+  return alloc->stats ? alloc->stats() : DeviceMemoryStats{};
+}
+
+void device_empty_cache(DeviceType type) {
+  if (type == DeviceType::cpu) return;
+  const auto alloc = cuda_allocator_ref();
+  if (alloc->empty_cache) alloc->empty_cache();
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -130,19 +146,14 @@ Array Array::empty(Shape shape, Dtype dtype, Device device) {
     void* p = cpu_allocate(nbytes);
     a.storage_ = std::make_shared<Storage>(p, nbytes, device, [](void* q) { std::free(q); });
   } else {
-    DeviceAllocator alloc;
-    {
-      std::lock_guard lock(allocator_mutex());
-      alloc = cuda_allocator();
-    }
-    if (!alloc.allocate)
+    std::shared_ptr<const DeviceAllocator> alloc = cuda_allocator_ref();
+    if (!alloc->allocate)
       throw UnsupportedError("[Array] device: expected cpu, got " + to_string(device) +
                              " (lattice was built without CUDA)");
-    void* p = nbytes ? alloc.allocate(nbytes, device.index) : nullptr;
-    auto release = alloc.release;
+    void* p = nbytes ? alloc->allocate(nbytes, device.index) : nullptr;
     const int index = device.index;
-    a.storage_ = std::make_shared<Storage>(p, nbytes, device, [release, index](void* q) {
-      if (q) release(q, index);
+    a.storage_ = std::make_shared<Storage>(p, nbytes, device, [alloc = std::move(alloc), index](void* q) {
+      if (q) alloc->release(q, index);
     });
   }
   a.shape_ = std::move(shape);
@@ -157,12 +168,7 @@ Array Array::zeros(Shape shape, Dtype dtype, Device device) {
   if (device.is_cpu()) {
     std::memset(a.raw_data(), 0, a.nbytes());
   } else {
-    DeviceAllocator alloc;
-    {
-      std::lock_guard lock(allocator_mutex());
-      alloc = cuda_allocator();
-    }
-    if (a.nbytes()) alloc.zero(a.raw_data(), a.nbytes(), device.index);
+    if (a.nbytes()) cuda_allocator_ref()->zero(a.raw_data(), a.nbytes(), device.index);
   }
   return a;
 }
@@ -272,13 +278,9 @@ Array Array::contiguous() const {
 }
 
 namespace {
-DeviceAllocator copy_capable_allocator(Device a, Device b) {
-  DeviceAllocator alloc;
-  {
-    std::lock_guard lock(allocator_mutex());
-    alloc = cuda_allocator();
-  }
-  if (!alloc.copy)
+std::shared_ptr<const DeviceAllocator> copy_capable_allocator(Device a, Device b) {
+  std::shared_ptr<const DeviceAllocator> alloc = cuda_allocator_ref();
+  if (!alloc->copy)
     throw UnsupportedError("[Array] device: expected cpu, got " + to_string(a.is_cpu() ? b : a) +
                            " (lattice was built without CUDA)");
   return alloc;
@@ -292,7 +294,7 @@ Array Array::to(Device device) const {
     throw UnsupportedError("[Array] to: expected a contiguous " + to_string(device_) + " array, got strides " +
                            format_shape(strides_));
   Array out = empty(shape_, dtype_, device);
-  if (out.nbytes()) copy_capable_allocator(device, device_).copy(out.raw_data(), device, src.raw_data(), device_, out.nbytes());
+  if (out.nbytes()) copy_capable_allocator(device, device_)->copy(out.raw_data(), device, src.raw_data(), device_, out.nbytes());
   return out;
 }
 
@@ -302,7 +304,7 @@ Array Array::clone() const {
       throw UnsupportedError("[Array] clone: expected a contiguous " + to_string(device_) + " array, got strides " +
                              format_shape(strides_));
     Array out = empty(shape_, dtype_, device_);
-    if (out.nbytes()) copy_capable_allocator(device_, device_).copy(out.raw_data(), device_, raw_data(), device_, out.nbytes());
+    if (out.nbytes()) copy_capable_allocator(device_, device_)->copy(out.raw_data(), device_, raw_data(), device_, out.nbytes());
     return out;
   }
   Array out = empty(shape_, dtype_, device_);

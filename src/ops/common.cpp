@@ -131,6 +131,8 @@ backend::RelationView relation_view(const Relation& r, ConvPass pass) {
   v.k_in = r.k_in.data<std::int32_t>();
   v.k_out = r.k_out.data<std::int32_t>();
   v.identity = r.identity;
+  v.host_k_ptr_owner = &r;
+  v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
   if (pass == ConvPass::input_grad) {
     const Relation::InputGrouping& g = r.input_grouping();
     v.in_ptr = g.in_ptr.data<std::int64_t>();

@@ -22,6 +22,14 @@ RoutePolicy effective_policy(const RoutePolicy& policy, std::string_view family)
 // is admitted.
 RouteId chosen_or_throw(const Explanation& explanation);
 
+// select() on the hot path (nothing rendered); only when no route is admitted is the explanation
+// built, for chosen_or_throw's error. Same answer as chosen_or_throw(explain(...)).
+template <class Problem>
+RouteId decide_or_throw(const Problem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  if (const std::optional<RouteId> id = select(problem, caps, policy)) return *id;
+  return chosen_or_throw(explain(problem, caps, policy));
+}
+
 struct ConvPlan;
 // The conv table's decision for `plan` over float `feats` and a weight of `c_out` columns (what
 // conv_forward / conv_backward choose); quantized dequant_reference reports it as its next stage.

@@ -85,8 +85,7 @@ ConvProblem make_problem(const ConvPlan& plan, const Array& feats, std::int64_t 
 }
 
 const backend::ConvKernels& choose(const ConvPlan& plan, const ConvProblem& problem) {
-  const Explanation e = explain(problem, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
-  const RouteId id = chosen_or_throw(e);
+  const RouteId id = decide_or_throw(problem, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
   const backend::ConvKernels* k = backend::find_conv_kernels(id);
   LATTICE_ASSERT(k != nullptr, "admitted conv route has no kernels in this build");
   return *k;

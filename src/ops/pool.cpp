@@ -107,9 +107,8 @@ PoolProblem make_problem(const PoolPlan& plan, const Array& features, PoolPass p
 }
 
 const backend::PoolKernels& choose(const PoolPlan& plan, const PoolProblem& problem) {
-  const Explanation e =
-      explain(problem, backend::device_caps(), effective_policy(plan.policy, "pool"));
-  const backend::PoolKernels* k = backend::find_pool_kernels(chosen_or_throw(e));
+  const backend::PoolKernels* k = backend::find_pool_kernels(
+      decide_or_throw(problem, backend::device_caps(), effective_policy(plan.policy, "pool")));
   LATTICE_ASSERT(k != nullptr, "admitted pool route has no kernels in this build");
   return *k;
 }

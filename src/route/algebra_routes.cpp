@@ -92,4 +92,8 @@ Explanation explain(const AlgebraProblem& problem, const DeviceCaps& caps,
   return route_detail::run_table(kAlgebraRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const AlgebraProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kAlgebraRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

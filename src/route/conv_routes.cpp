@@ -124,4 +124,8 @@ Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const Ro
   return route_detail::run_table(kConvRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kConvRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

@@ -65,4 +65,8 @@ Explanation explain(const CoordsProblem& problem, const DeviceCaps& caps,
   return route_detail::run_table(kCoordsRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const CoordsProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kCoordsRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

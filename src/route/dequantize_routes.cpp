@@ -50,4 +50,8 @@ Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps, co
   return route_detail::run_table(kRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const DequantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

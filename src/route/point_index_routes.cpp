@@ -52,4 +52,8 @@ Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps, co
   return route_detail::run_table(kRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const PointIndexProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

@@ -89,4 +89,8 @@ Explanation explain(const PointVoxelProblem& problem, const DeviceCaps& caps,
   return route_detail::run_table(kPointVoxelRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const PointVoxelProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kPointVoxelRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

@@ -53,4 +53,8 @@ Explanation explain(const PoolEdgesProblem& problem, const DeviceCaps& caps, con
   return route_detail::run_table(kRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const PoolEdgesProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

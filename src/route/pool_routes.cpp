@@ -130,4 +130,8 @@ Explanation explain(const PoolProblem& problem, const DeviceCaps& caps, const Ro
   return route_detail::run_table(kPoolRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const PoolProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kPoolRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

@@ -62,4 +62,8 @@ Explanation explain(const QuantizeProblem& problem, const DeviceCaps& caps, cons
   return route_detail::run_table(kQuantizeRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const QuantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kQuantizeRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

@@ -120,4 +120,8 @@ Explanation explain(const QuantizedProblem& problem, const DeviceCaps& caps, con
   return route_detail::run_table(kQuantizedRoutes, problem, caps, policy);
 }
 
+std::optional<RouteId> select(const QuantizedProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  return route_detail::decide_table(kQuantizedRoutes, problem, caps, policy);
+}
+
 }  // namespace lattice

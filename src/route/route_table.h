@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,24 @@ Explanation run_table(const std::array<RouteSpec<Problem>, N>& table, const Prob
   return e;
 }
 
+// run_table(...).chosen without building the explanation: the forced route when it is a row of
+// this table and admitted, otherwise the first admitted row in rank order (stable, as run_table).
+template <class Problem, std::size_t N>
+std::optional<RouteId> decide_table(const std::array<RouteSpec<Problem>, N>& table, const Problem& problem,
+                                    const DeviceCaps& caps, const RoutePolicy& policy) {
+  if (policy.force) {
+    for (const auto& spec : table)
+      if (spec.info.id == *policy.force)
+        return spec.admit(problem, caps).admitted ? std::optional<RouteId>(spec.info.id) : std::nullopt;
+    return std::nullopt;
+  }
+  std::array<std::size_t, N> order{};  // rank order, stable (N is a handful of rows)
+  for (std::size_t i = 0; i < N; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&table](std::size_t a, std::size_t b) { return table[a].info.rank < table[b].info.rank; });
+  for (std::size_t i : order)
+    if (table[i].admit(problem, caps).admitted) return table[i].info.id;
+  return std::nullopt;
+}
 
 }  // namespace lattice::route_detail

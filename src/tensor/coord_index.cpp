@@ -39,9 +39,10 @@ RelationProblem index_problem(const Array& coords, std::string_view op) {
 
 const backend::RelationKernels& relation_kernels(const RelationProblem& problem) {
   const DeviceCaps caps = backend::device_caps();
-  const Explanation e = explain(problem, caps);
-  const backend::RelationKernels* kernels = e.chosen ? backend::find_relation_kernels(*e.chosen) : nullptr;
+  const std::optional<RouteId> chosen = select(problem, caps);
+  const backend::RelationKernels* kernels = chosen ? backend::find_relation_kernels(*chosen) : nullptr;
   if (!kernels) {
+    const Explanation e = explain(problem, caps);
     const std::string device = to_string(problem.device);
     if (problem.device.is_cuda() && !caps.cuda.built) {
       throw UnsupportedError("[" + problem.op + "] coords: expected cpu coordinates (" + device +

@@ -156,6 +156,18 @@ CoordinateSet::RelationResult CoordinateSet::relation(RelationKind kind, const K
     if (it != relations_.end()) return resolve(it->second);
   }
 
+  // A transposed conv onto the set this one was downsampled from (a U-Net's skip): the relation
+  // is the transpose of the cached downsampling one, so its edges are not hashed again.
+  if (kind == RelationKind::transposed_target && transposes_forward(spec) && target.get() != this) {
+    if (std::shared_ptr<const Relation> forward = target->cached_relation_onto(*this, spec)) {
+      RelationResult entry{transpose_relation(*forward, kind, op), nullptr};
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto [it, inserted] = relations_.emplace(cache_key, std::move(entry));
+      if (inserted) ++transposed_;
+      return resolve(it->second);
+    }
+  }
+
   // Built outside the lock: building needs this set's index (which takes the same mutex). When
   // two threads race, the first stored relation wins and both callers get it.
   BuiltRelation built = build_relation(*this, kind, spec, onto_target ? target.get() : nullptr, op);
@@ -163,6 +175,25 @@ CoordinateSet::RelationResult CoordinateSet::relation(RelationKind kind, const K
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, inserted] = relations_.emplace(cache_key, std::move(entry));
   return resolve(it->second);
+}
+
+std::shared_ptr<const Relation> CoordinateSet::cached_relation_onto(const CoordinateSet& output,
+                                                                    const KernelSpec& spec) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (bool expand : {false, true}) {
+    KernelSpec s = spec;
+    s.expand = expand;
+    auto it = relations_.find(CacheKey{static_cast<int>(RelationKind::forward), s, 0});
+    if (it != relations_.end() && it->second.output.get() == &output) return it->second.relation;
+    it = relations_.find(CacheKey{static_cast<int>(RelationKind::target), s, output.key()});
+    if (it != relations_.end()) return it->second.relation;
+  }
+  return nullptr;
+}
+
+std::size_t CoordinateSet::transposed_relation_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return transposed_;
 }
 
 std::size_t CoordinateSet::cached_relation_count() const {

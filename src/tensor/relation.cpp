@@ -27,6 +27,10 @@ struct RelationBuilder {
     relation.gemm_map_ = std::move(map);
     std::call_once(relation.gemm_once_, [] {});
   }
+  // The transpose has the same per-offset segments as the relation it transposes.
+  static void store_host_k_ptr(const Relation& relation, const std::vector<std::int64_t>& k_ptr) {
+    std::call_once(relation.host_k_ptr_once_, [&] { relation.host_k_ptr_ = k_ptr; });
+  }
 };
 
 namespace {
@@ -226,6 +230,45 @@ BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, cons
                           spec, target, op, K, s, p);
 }
 
+bool transposes_forward(const KernelSpec& spec) {
+  for (int a = 0; a < 3; ++a)
+    if (spec.size[a] % 2 == 1 && spec.size[a] != 1) return false;
+  return true;
+}
+
+std::shared_ptr<Relation> transpose_relation(const Relation& forward, RelationKind kind, std::string_view op) {
+  const backend::RelationKernels& kernels = relation_kernels(relation_problem(forward, op));
+  LATTICE_ASSERT(kernels.transpose != nullptr, "relation route has no transpose kernel");
+  backend::DeviceTransposeArgs args;
+  args.n_in = forward.n_in;
+  args.n_out = forward.n_out;
+  args.kernel_volume = forward.kernel_volume;
+  args.n_edges = forward.n_edges;
+  args.in_idx = forward.in_idx;
+  args.out_idx = forward.out_idx;
+  args.k_idx = forward.k_idx;
+  backend::DeviceEdges edges = kernels.transpose(args);
+  auto r = std::make_shared<Relation>();
+  r->kind = kind;
+  r->spec = forward.spec;
+  r->spec.expand = false;
+  r->n_in = forward.n_out;
+  r->n_out = forward.n_in;
+  r->kernel_volume = forward.kernel_volume;
+  r->n_edges = edges.n_edges;
+  r->identity = edges.identity;
+  r->in_idx = std::move(edges.in_idx);
+  r->out_idx = std::move(edges.out_idx);
+  r->k_idx = std::move(edges.k_idx);
+  r->out_ptr = std::move(edges.out_ptr);
+  r->k_ptr = std::move(edges.k_ptr);
+  r->k_in = std::move(edges.k_in);
+  r->k_out = std::move(edges.k_out);
+  RelationBuilder::store_gemm_map(*r, std::move(edges.map));
+  RelationBuilder::store_host_k_ptr(*r, forward.host_k_ptr());
+  return r;
+}
+
 RelationProblem relation_problem(const CoordinateSet& input, RelationKind kind, std::int64_t kernel_volume,
                                  std::string_view op) {
   RelationProblem p;
@@ -271,6 +314,15 @@ const Array& Relation::row_masks() const {
     row_masks_ = relation_kernels(relation_problem(*this, "row_masks")).row_masks(gemm_map());
   });
   return row_masks_;
+}
+
+const std::vector<std::int64_t>& Relation::host_k_ptr() const {
+  std::call_once(host_k_ptr_once_, [this] {
+    const Array h = k_ptr.device().is_cpu() ? k_ptr : k_ptr.to(Device::cpu());
+    const std::int64_t* p = h.data<std::int64_t>();
+    host_k_ptr_.assign(p, p + kernel_volume + 1);
+  });
+  return host_k_ptr_;
 }
 
 const Relation::InputGrouping& Relation::input_grouping() const {

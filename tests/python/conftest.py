@@ -105,7 +105,7 @@ def make_coords(rng: np.random.Generator) -> Callable[..., np.ndarray]:
 def from_capsule(capsule: Any) -> np.ndarray:
     """A core DLPack capsule as a numpy array (through torch)."""
     t = torch.utils.dlpack.from_dlpack(capsule)
-    return t.numpy().copy()
+    return t.cpu().numpy().copy()
 
 
 def relation_arrays(p: Any) -> dict[str, Any]:

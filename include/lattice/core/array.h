@@ -38,6 +38,19 @@ class Storage {
   std::function<void(void*)> deleter_;
 };
 
+// What the device allocator did since the process started: driver calls (stream-ordered
+// allocations/frees the allocator could not serve from its cache), cache hits, bytes it holds,
+// and host synchronisations (copies that touch host memory wait for the stream).
+struct DeviceMemoryStats {
+  std::int64_t driver_allocs = 0;
+  std::int64_t driver_frees = 0;
+  std::int64_t cache_hits = 0;
+  std::int64_t live_bytes = 0;
+  std::int64_t cached_bytes = 0;
+  std::int64_t host_syncs = 0;
+  std::int64_t graph_allocs = 0;  // allocations made while the stream was being captured
+};
+
 // Allocation hook per device type: the CPU allocator is built in; the CUDA backend registers
 // its stream-ordered allocator when it is compiled in. Without one, allocating on that device
 // raises UnsupportedError ("built without CUDA").
@@ -48,9 +61,16 @@ struct DeviceAllocator {
   // Contiguous byte copy between host and device or within the device, ordered on the current
   // stream of the device involved; a copy to the host returns when the bytes have arrived.
   std::function<void(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes)> copy;
+  // Counters (optional; all zero when absent) and a cache flush (optional).
+  std::function<DeviceMemoryStats()> stats;
+  std::function<void()> empty_cache;
 };
+
 void register_device_allocator(DeviceType type, DeviceAllocator allocator);
 bool has_device_allocator(DeviceType type);
+DeviceMemoryStats device_memory_stats(DeviceType type);
+// Returns every cached block of the device allocator to the device (no-op without one).
+void device_empty_cache(DeviceType type);
 
 class Array {
  public:

@@ -146,10 +146,18 @@ Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps,
 Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 
-template <class Problem>
-std::optional<RouteId> select(const Problem& problem, const DeviceCaps& caps,
-                              const RoutePolicy& policy = {}) {
-  return explain(problem, caps, policy).chosen;
-}
+// The route explain() would choose, without rendering anything (the hot path of every op). Same
+// rows, same order, same policy handling as explain(); tests assert select() == explain().chosen.
+std::optional<RouteId> select(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const QuantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const PointVoxelProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const PoolProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const AlgebraProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const CoordsProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const QuantizedProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const RelationProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const PoolEdgesProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const PointIndexProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const DequantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 
 }  // namespace lattice

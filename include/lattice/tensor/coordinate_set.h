@@ -58,6 +58,9 @@ class CoordinateSet : public std::enable_shared_from_this<CoordinateSet> {
                           const std::shared_ptr<CoordinateSet>& target, std::string_view op);
 
   std::size_t cached_relation_count() const;
+  // How many relations this set's cache got by transposing a cached forward relation instead of
+  // hashing (a transposed conv onto the input of the strided conv that made this set).
+  std::size_t transposed_relation_count() const;
 
  private:
   CoordinateSet() = default;
@@ -71,6 +74,11 @@ class CoordinateSet : public std::enable_shared_from_this<CoordinateSet> {
   mutable std::shared_ptr<const CoordIndex> index_;
   using CacheKey = std::tuple<int, KernelSpec, std::uint64_t>;  // kind, spec, target key (0 = none)
   std::map<CacheKey, RelationResult> relations_;  // output == this set is stored as nullptr
+  std::size_t transposed_ = 0;
+
+  // The cached forward or target relation with `spec` (either expand) from this set onto
+  // `output`, or null.
+  std::shared_ptr<const Relation> cached_relation_onto(const CoordinateSet& output, const KernelSpec& spec) const;
 };
 
 }  // namespace lattice

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "lattice/core/array.h"
 #include "lattice/core/vocab.h"
@@ -47,6 +48,9 @@ class Relation {
     Array in_ptr, kt_in, kt_out;
   };
   const InputGrouping& input_grouping() const;
+  // k_ptr on the host (K + 1 values), read back once on first use (a copy for CPU relations):
+  // routes that loop over offsets on the host read this instead of synchronising every call.
+  const std::vector<std::int64_t>& host_k_ptr() const;
 
   double average_active_offsets() const {
     return n_out ? static_cast<double>(n_edges) / static_cast<double>(n_out) : 0.0;
@@ -54,7 +58,8 @@ class Relation {
 
  private:
   friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
-  mutable std::once_flag gemm_once_, masks_once_, input_once_;
+  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_;
+  mutable std::vector<std::int64_t> host_k_ptr_;
   mutable Array gemm_map_, row_masks_;
   mutable InputGrouping input_grouping_;
 };
@@ -73,6 +78,15 @@ BuiltRelation build_relation(const CoordinateSet& input, RelationKind kind, cons
 // The relation route's problem (family "relation", src/route/relation_routes.cpp) of building a
 // `kind` relation over `input`, or of the views of a built relation; build_relation runs the
 // route explain() chooses for it, and explain_conv lists that decision before the conv route's.
+// Whether a `transposed_target` relation with `spec` is the transpose of the forward / target
+// relation with the same spec from its target onto its input: true when no axis has a centered
+// offset that differs from its indexed one (every kernel size even or 1; SEMANTICS.md "Kernel
+// geometry"): then both rules read `fine == coarse*s + off_k - p` with the same offset index k.
+bool transposes_forward(const KernelSpec& spec);
+// The transpose of `forward` (a forward or target relation) as a relation of `kind` (built by the
+// relation route's transpose kernel, on forward's device; bitwise equal to hashing it).
+std::shared_ptr<Relation> transpose_relation(const Relation& forward, RelationKind kind, std::string_view op);
+
 RelationProblem relation_problem(const CoordinateSet& input, RelationKind kind, std::int64_t kernel_volume,
                                  std::string_view op);
 RelationProblem relation_problem(const Relation& relation, std::string_view op);

@@ -121,16 +121,59 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
             return x.replace_feats(feats)
         return SparseTensor._from_core(p.output, feats)
     check_device(op, "bias", bias, x.device)
-    weight = cast(weight, amp)
-    if weight.is_cuda and weight.dim() == 5 and weight.shape[4] == x.feats.shape[1]:
-        # The core takes kernel-major weights; it permutes a dense (C_out, Kx, Ky, Kz, C_in) one
-        # itself, but for CUDA data only through the host (a copy each way, every call and every
-        # backward). torch permutes on the device instead, and autograd maps the gradient back.
-        weight = weight.permute(1, 2, 3, 4, 0).reshape(-1, weight.shape[4], weight.shape[0])
+    weight = kernel_major_weight(weight, amp, x.feats.shape[1])
     feats = ConvFunction.apply(feats_in, weight, bias, p)
     if p.output.key == x.key:
         return x.replace_feats(feats)
     return SparseTensor._from_core(p.output, feats)
+
+
+# Weight layouts are cached on the weight tensor, keyed by its storage, version counter, dtype and
+# the autocast dtype, for weights no gradient is asked of (inference, no_grad, frozen layers). Set
+# to False to transform the layout on every call. In-place writes through ``weight.data`` bypass
+# torch's version counter (as they bypass autograd's own checks): after such a write, call
+# ``lattice.ops.conv.clear_weight_cache(weight)`` or use in-place ops on the weight itself.
+CACHE_WEIGHT_LAYOUTS = True
+_CACHE_ATTR = "_lattice_kernel_major"
+
+
+def clear_weight_cache(weight: torch.Tensor) -> None:
+    """Drops the cached kernel-major copy of ``weight`` (see ``CACHE_WEIGHT_LAYOUTS``)."""
+    if hasattr(weight, _CACHE_ATTR):
+        delattr(weight, _CACHE_ATTR)
+
+
+def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: int) -> torch.Tensor:
+    """The weight the core reads: kernel-major (K, C_in, C_out), contiguous, in the autocast dtype.
+
+    A dense (C_out, Kx, Ky, Kz, C_in) weight is permuted and cast by torch in one copy on its
+    device (for CUDA data the core could only permute through the host), and autograd maps the
+    gradient back. For a weight that needs no gradient the result is cached per weight version
+    (CACHE_WEIGHT_LAYOUTS). A 3-D weight is already kernel-major and is only cast under autocast; a
+    5-D weight whose shape does not match is left to the core, which raises the shape error.
+    """
+    dense = weight.dim() == 5 and weight.shape[4] == c_in
+    if not dense:
+        return cast(weight, amp)
+    needs_grad = weight.requires_grad and torch.is_grad_enabled()
+    dtype = amp if (amp is not None and weight.dtype != torch.float64 and weight.dtype != amp) else weight.dtype
+    key = None
+    if CACHE_WEIGHT_LAYOUTS and not needs_grad:
+        key = (weight.data_ptr(), weight._version, weight.dtype, dtype, tuple(weight.shape), weight.stride())
+        hit = getattr(weight, _CACHE_ATTR, None)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    kv = int(weight.shape[1]) * int(weight.shape[2]) * int(weight.shape[3])
+    km = weight.permute(1, 2, 3, 4, 0).reshape(kv, weight.shape[4], weight.shape[0])
+    # One copy that permutes and casts (``to(memory_format=...)`` would return the 3-D view itself:
+    # torch only recognises channels-last formats, so the view counts as "contiguous format").
+    km = torch.empty(km.shape, dtype=dtype, device=weight.device).copy_(km)
+    if key is not None:
+        try:
+            setattr(weight, _CACHE_ATTR, (key, km))
+        except (AttributeError, RuntimeError):  # e.g. a tensor subclass without a __dict__
+            pass
+    return km
 
 
 def conv3d(

@@ -416,4 +416,26 @@ DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingAr
   return g;
 }
 
+// The transposed relation: scatter R's edges into the (R.n_in, K) map (every (input row, offset)
+// of R holds at most one edge, so the scatter has no conflicts), then the same compaction as
+// relation_cpu_hash_edges: bitwise equal to hashing the transposed rule directly.
+DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args) {
+  const std::int64_t K = args.kernel_volume;
+  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
+  Array map = Array::empty({n_out, K}, Dtype::i32);
+  std::int32_t* m = map.data<std::int32_t>();
+  std::fill(m, m + n_out * K, -1);
+  const std::int32_t* in = args.in_idx.data<std::int32_t>();
+  const std::int32_t* out = args.out_idx.data<std::int32_t>();
+  const std::int32_t* k = args.k_idx.data<std::int32_t>();
+  for (std::int64_t e = 0; e < args.n_edges; ++e) m[static_cast<std::int64_t>(in[e]) * K + k[e]] = out[e];
+  DeviceEdges edges;
+  fill_output_major(edges, map, n_out, K);
+  LATTICE_ASSERT(edges.n_edges == args.n_edges, "transposed relation lost edges");
+  fill_per_offset(edges, n_out, K);
+  edges.identity = is_identity(edges, args.n_out, n_out, K);
+  edges.map = std::move(map);
+  return edges;
+}
+
 }  // namespace lattice::backend::cpu

@@ -19,5 +19,8 @@ DeviceSupportResult relation_cpu_hash_support(const DeviceSupportArgs& args);
 DeviceEdges relation_cpu_hash_edges(const DeviceEdgeArgs& args);
 Array relation_cpu_hash_row_masks(const Array& map);
 DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingArgs& args);
+// The transposed relation: R's edges scattered into the (n_out_T = R.n_in, K) map, then compacted
+// exactly as relation_cpu_hash_edges compacts its map (so it equals a hashed build bitwise).
+DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args);
 
 }  // namespace lattice::backend::cpu

@@ -82,6 +82,13 @@ void check_grouping(const RelationView& rel) {
                  "conv cuda_gather_gemm_scatter: per-offset grouping (k_ptr, k_in, k_out) is null");
 }
 
+// The per-offset segment bounds on the host: the relation's cached copy when the caller attached
+// one (no synchronisation), else read back from the device (one synchronisation).
+std::vector<std::int64_t> host_offsets(const RelationView& rel, Device device) {
+  if (const std::int64_t* h = rel.host_k_ptr()) return std::vector<std::int64_t>(h, h + rel.kernel_volume + 1);
+  return offsets_to_host(rel.k_ptr, rel.kernel_volume, device);
+}
+
 std::int64_t max_segment(const std::vector<std::int64_t>& kp) {
   std::int64_t m = 0;
   for (std::size_t k = 0; k + 1 < kp.size(); ++k) m = std::max(m, kp[k + 1] - kp[k]);
@@ -95,7 +102,7 @@ template <class E>
 void accumulate(const ConvArgs& a, bool transpose_w, const E* src, std::int64_t c_src, const std::int32_t* src_rows,
                 const std::int32_t* dst_rows, std::int64_t c_dst, float* acc, cudaStream_t s) {
   const RelationView& rel = a.rel;
-  const std::vector<std::int64_t> kp = offsets_to_host(rel.k_ptr, rel.kernel_volume, a.device);
+  const std::vector<std::int64_t> kp = host_offsets(rel, a.device);
   const std::int64_t max_e = max_segment(kp);
   if (max_e == 0) return;
   Array g = Array::empty({max_e, c_src}, a.dtype, a.device);
@@ -189,7 +196,7 @@ void weight_grad(const ConvArgs& a) {
   }
   LATTICE_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), s));
   if (rel.n_edges > 0) {
-    const std::vector<std::int64_t> kp = offsets_to_host(rel.k_ptr, rel.kernel_volume, a.device);
+    const std::vector<std::int64_t> kp = host_offsets(rel, a.device);
     const std::int64_t max_e = max_segment(kp);
     Array gx = Array::empty({max_e, a.c_in}, a.dtype, a.device);
     Array gdy = Array::empty({max_e, a.c_out}, a.dtype, a.device);

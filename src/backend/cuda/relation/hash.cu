@@ -439,30 +439,15 @@ DeviceSupportResult device_support(const DeviceSupportArgs& args) {
   return result;
 }
 
-DeviceEdges device_edges(const DeviceEdgeArgs& args) {
-  const Device device = args.output.device();
-  DeviceGuard guard(device.index);
-  cudaStream_t s = stream_of(device);
-  const std::int64_t n_in = args.input.dim(0);
-  const std::int64_t n_out = args.output.dim(0);
-  const std::int64_t K = args.kernel_volume;
-  const std::int64_t pairs = n_out * K;
-  DeviceEdges r;
+namespace {
 
-  // The (n_out, K) map.
-  r.map = Array::empty({n_out, K}, Dtype::i32, device);
-  if (pairs > 0) {
-    CoordTableView view{rows_of(args.input),
-                        args.input_table && args.input_table->slots.defined()
-                            ? args.input_table->slots.data<std::int32_t>()
-                            : nullptr,
-                        args.input_table ? args.input_table->mask : 0};
-    const bool has_input = n_in > 0 && view.slots != nullptr;
-    map_kernel<<<grid_for(pairs), kThreads, 0, s>>>(view, has_input, rows_of(args.output), n_out, K, args.spec,
-                                                    args.centered, axis3(args.stride), axis3(args.padding),
-                                                    args.scatter, r.map.data<std::int32_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-  }
+// Every view of DeviceEdges from the (n_out, K) map in r.map: the output-major list by a per-row
+// count scan, the per-offset grouping by compacting the map in k-major order. `known_edges` >= 0
+// skips reading the edge count back (the caller knows it).
+void edges_from_map(DeviceEdges& r, std::int64_t n_in, std::int64_t n_out, std::int64_t K, Device device,
+                    std::int64_t known_edges) {
+  cudaStream_t s = stream_of(device);
+  const std::int64_t pairs = n_out * K;
   const std::int32_t* map = r.map.data<std::int32_t>();
 
   // Output-major list and its CSR pointer.
@@ -472,7 +457,7 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
     LATTICE_CUDA_CHECK_LAUNCH();
   }
   r.out_ptr = csr_from_counts(counts, n_out, device);
-  const std::int64_t E = read_i64(r.out_ptr.data<std::int64_t>() + n_out, device);
+  const std::int64_t E = known_edges >= 0 ? known_edges : read_i64(r.out_ptr.data<std::int64_t>() + n_out, device);
   r.n_edges = E;
   r.in_idx = Array::empty({E}, Dtype::i32, device);
   r.out_idx = Array::empty({E}, Dtype::i32, device);
@@ -518,6 +503,63 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
       r.identity = flag == 0;
     }
   }
+}
+
+// map[in[e] * K + k[e]] = out[e]: R's edges with input and output swapped (no conflicts: each
+// (input row, offset) of R holds at most one edge).
+__global__ void transpose_scatter_kernel(const std::int32_t* in, const std::int32_t* out, const std::int32_t* k,
+                                         std::int64_t n_edges, std::int64_t K, std::int32_t* map) {
+  LATTICE_GRID_STRIDE(e, n_edges) { map[static_cast<std::int64_t>(in[e]) * K + k[e]] = out[e]; }
+}
+
+}  // namespace
+
+DeviceEdges device_edges(const DeviceEdgeArgs& args) {
+  const Device device = args.output.device();
+  DeviceGuard guard(device.index);
+  cudaStream_t s = stream_of(device);
+  const std::int64_t n_in = args.input.dim(0);
+  const std::int64_t n_out = args.output.dim(0);
+  const std::int64_t K = args.kernel_volume;
+  const std::int64_t pairs = n_out * K;
+  DeviceEdges r;
+
+  // The (n_out, K) map.
+  r.map = Array::empty({n_out, K}, Dtype::i32, device);
+  if (pairs > 0) {
+    CoordTableView view{rows_of(args.input),
+                        args.input_table && args.input_table->slots.defined()
+                            ? args.input_table->slots.data<std::int32_t>()
+                            : nullptr,
+                        args.input_table ? args.input_table->mask : 0};
+    const bool has_input = n_in > 0 && view.slots != nullptr;
+    map_kernel<<<grid_for(pairs), kThreads, 0, s>>>(view, has_input, rows_of(args.output), n_out, K, args.spec,
+                                                    args.centered, axis3(args.stride), axis3(args.padding),
+                                                    args.scatter, r.map.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
+  edges_from_map(r, n_in, n_out, K, device, -1);
+  return r;
+}
+
+DeviceEdges device_transpose(const DeviceTransposeArgs& args) {
+  const Device device = args.in_idx.device();
+  DeviceGuard guard(device.index);
+  cudaStream_t s = stream_of(device);
+  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
+  const std::int64_t K = args.kernel_volume;
+  DeviceEdges r;
+  r.map = Array::empty({n_out, K}, Dtype::i32, device);
+  if (n_out * K > 0) {
+    LATTICE_CUDA_CHECK(cudaMemsetAsync(r.map.raw_data(), 0xff, static_cast<std::size_t>(n_out * K) * 4, s));
+  }
+  if (args.n_edges > 0) {
+    transpose_scatter_kernel<<<grid_for(args.n_edges), kThreads, 0, s>>>(
+        args.in_idx.data<std::int32_t>(), args.out_idx.data<std::int32_t>(), args.k_idx.data<std::int32_t>(),
+        args.n_edges, K, r.map.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
+  edges_from_map(r, args.n_out, n_out, K, device, args.n_edges);
   return r;
 }
 

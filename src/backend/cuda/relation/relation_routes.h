@@ -21,5 +21,6 @@ DeviceSupportResult device_support(const DeviceSupportArgs& args);
 DeviceEdges device_edges(const DeviceEdgeArgs& args);
 Array device_row_masks(const Array& map);
 DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args);
+DeviceEdges device_transpose(const DeviceTransposeArgs& args);
 
 }  // namespace lattice::backend::cuda
