@@ -17,8 +17,9 @@
 # folder stays valid (an isolated build env is a new temporary folder per command); only the
 # extension target is built (-Cbuild.targets=_lattice: not the runner, the example or the
 # tests); CUDA is off (CUDA=OFF default: the CUDA backend's build is make test's business).
-# Measured on this project's 2-core machine: 5 min wall with the machine loaded (load ~8; 172 s of CPU),
-# of which the wheel and the editable install take 8 s and 6 s (docs/testing.md, "pip check").
+# Measured on this project's 2-core machine (shared with other builds): 3 min 7 s wall, 167 s of CPU,
+# of which the wheel and the editable install take 6 s and 3 s; 5 min under heavy load
+# (docs/testing.md, "pip check").
 #
 # Usage: scripts/check_pip_install.sh [python] (default /usr/bin/python3). Environment: CUDA=ON|OFF|AUTO
 # (default OFF), JOBS (default 2), KEEP=1 keeps the work folder.
