@@ -315,6 +315,10 @@ def test_voxel_backbone8x_runner_matches_python(weights: str, scan_bin: str, tmp
         else:  # packed weights: a real but bounded quantization error
             assert _rel(r.feats, e.feats) <= 0.1, (i, _rel(r.feats, e.feats))
     assert runner[0].stride == (8, 8, 16) and len(runner[0]) > 50
+    if weights == "float32":  # per-point labels of a strided encoder: refused, pointing at --outputs
+        bad = subprocess.run([_runner(), out_dir, scan_bin, "--out", str(tmp_path / "x.label")], capture_output=True,
+                             text=True, timeout=300)
+        assert bad.returncode == 1 and "use --outputs PREFIX" in bad.stderr, bad.stderr
     bev = bev_scatter(runner[0], eager["shape"])
     assert bev.shape == eager["bev"].shape and float(eager["bev"].abs().sum()) > 0
     if weights == "float32":
