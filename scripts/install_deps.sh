@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libblis-serial-dev libgtest-dev nlohmann-json3-dev pybind11-dev python3-dev python3-pybind11
   python3-numpy python3-torch python3-pytest python3-hypothesis python3-matplotlib python3-pip
+  python3-venv  # scripts/check_pip_install.sh (CI): fresh virtualenvs
 )
 missing=()
 for p in "${packages[@]}"; do

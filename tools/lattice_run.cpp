@@ -1,13 +1,17 @@
 // lattice-run: runs an exported network (lattice.export) on a point-cloud scan, no Python.
 //
-//   lattice-run MODEL_DIR SCAN [--out LABELS] [--logits LOGITS.npy] [--device cpu|cuda[:N]]
-//               [--threads N] [--repeat N] [--profile]
+//   lattice-run MODEL_DIR SCAN [--out LABELS] [--logits LOGITS.npy] [--outputs PREFIX]
+//               [--device cpu|cuda[:N]] [--threads N] [--repeat N] [--profile]
 //
 // SCAN: KITTI .bin (x, y, z, reflectance f32), .las, .pcd or .ply (xyz + "intensity" when the
 // file has it, else 0). The scan is voxelized as graph.json's metadata["voxelize"] says, the
 // network runs, the first output's per-voxel logits are mapped back to the points (each point
 // takes its voxel's row) and written: LABELS ending in .label = SemanticKITTI uint32 per point
 // (argmax class in the low 16 bits), .npy = int64 (P,) argmax; LOGITS.npy = float32 (P, C).
+// --outputs PREFIX writes every output i of the graph as voxels, not points: PREFIX<i>.coords.npy
+// int32 (N_i, 4) (batch, x, y, z) and PREFIX<i>.feats.npy float32 (N_i, C_i) (for networks whose
+// outputs are not per input voxel, e.g. a strided encoder such as VoxelBackBone8x; without --out /
+// --logits the map back is then skipped).
 // Prints the time of each stage (read, voxelize, network, map back, write) and, with --profile,
 // of each node. Exit status 0 on success, 1 with a message on stderr otherwise.
 #include <algorithm>
@@ -99,7 +103,7 @@ void write_npy(const std::string& path, const char* descr, const std::vector<std
 
 int usage() {
   std::cerr << "usage: lattice-run MODEL_DIR SCAN [--out LABELS(.label|.npy)] [--logits LOGITS.npy]\n"
-               "                   [--device cpu|cuda[:N]] [--threads N] [--repeat N] [--profile]\n";
+               "                   [--outputs PREFIX] [--device cpu|cuda[:N]] [--threads N] [--repeat N] [--profile]\n";
   return 2;
 }
 
@@ -108,7 +112,7 @@ int usage() {
 int main(int argc, char** argv) {
   using namespace lattice;
   std::vector<std::string> pos;
-  std::string out_path, logits_path, device_name = "cpu";
+  std::string out_path, logits_path, outputs_prefix, device_name = "cpu";
   int threads = 0, repeat = 1;
   bool profile = false;
   for (int i = 1; i < argc; ++i) {
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
     try {
       if (a == "--out") out_path = next();
       else if (a == "--logits") logits_path = next();
+      else if (a == "--outputs") outputs_prefix = next();
       else if (a == "--device") device_name = next();
       else if (a == "--threads") threads = std::stoi(next());
       else if (a == "--repeat") repeat = std::max(1, std::stoi(next()));
@@ -164,16 +169,18 @@ int main(int argc, char** argv) {
     }
     t0 = now();
     Array logits = outs[0].feats().to(Device::cpu()).contiguous();
-    if (outs[0].size() != scan.tensor.size())
+    const bool per_voxel = outs[0].size() == scan.tensor.size();
+    if (!per_voxel && (!out_path.empty() || !logits_path.empty() || outputs_prefix.empty()))
       throw_value_error("lattice-run", "output0", std::to_string(scan.tensor.size()) + " rows (the input voxels)",
-                        std::to_string(outs[0].size()) + " rows");
+                        std::to_string(outs[0].size()) + " rows (use --outputs PREFIX for outputs that are not "
+                        "per input voxel)");
     const std::int64_t P = scan.inverse.dim(0), C = logits.dim(1);
     const std::int64_t* inv = scan.inverse.data<std::int64_t>();
     const float* lg = logits.data<float>();
-    std::vector<std::int64_t> labels(P);
+    std::vector<std::int64_t> labels(per_voxel ? P : 0);
     std::vector<float> point_logits;
     if (!logits_path.empty()) point_logits.resize(static_cast<std::size_t>(P * C));
-    for (std::int64_t i = 0; i < P; ++i) {
+    for (std::int64_t i = 0; i < (per_voxel ? P : 0); ++i) {
       const float* row = lg + inv[i] * C;
       std::int64_t best_c = 0;
       for (std::int64_t c = 1; c < C; ++c)
@@ -194,6 +201,13 @@ int main(int argc, char** argv) {
       }
     }
     if (!logits_path.empty()) write_npy(logits_path, "<f4", {P, C}, point_logits.data(), point_logits.size() * 4);
+    for (std::size_t o = 0; !outputs_prefix.empty() && o < outs.size(); ++o) {
+      const Array c = outs[o].coords().to(Device::cpu()).contiguous();
+      const Array f = outs[o].feats().to(Device::cpu()).contiguous();
+      const std::string base = outputs_prefix + std::to_string(o);
+      write_npy(base + ".coords.npy", "<i4", {c.dim(0), c.dim(1)}, c.raw_data(), c.nbytes());
+      write_npy(base + ".feats.npy", "<f4", {f.dim(0), f.dim(1)}, f.raw_data(), f.nbytes());
+    }
     t["write"] = now() - t0;
     std::printf("lattice-run: %s on %s: %lld points -> %lld voxels -> %lld x %lld logits (%zu nodes, %s, %d threads)\n",
                 pos[0].c_str(), pos[1].c_str(), static_cast<long long>(P), static_cast<long long>(scan.tensor.size()),
@@ -203,7 +217,10 @@ int main(int argc, char** argv) {
     std::printf("  %-26s %9.2f ms\n", "network (first run)", 1e3 * t["network (first run)"]);
     if (repeat > 1)
       std::printf("  %-26s %9.2f ms\n", ("network (best of " + std::to_string(repeat) + ")").c_str(), 1e3 * best);
-    for (const char* k : {"map back", "write"}) std::printf("  %-26s %9.2f ms\n", k, 1e3 * t[k]);
+    if (per_voxel) std::printf("  %-26s %9.2f ms\n", "map back", 1e3 * t["map back"]);
+    else std::printf("  %-26s %9s (output0 is not per input voxel: %zu outputs written as voxels)\n", "map back",
+                     "skipped", outs.size());
+    std::printf("  %-26s %9.2f ms\n", "write", 1e3 * t["write"]);
     if (profile) {
       std::map<std::string, std::pair<double, int>> by_op;
       for (const auto& n : nodes) {

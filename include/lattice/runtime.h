@@ -1,5 +1,5 @@
 // lattice::Runtime: runs a network exported by `lattice.export` (graph.json, schema
-// "lattice.graph" version 1 or 2, + weights.safetensors; docs/deploy.md) with the C++ ops of
+// "lattice.graph" version 1, 2 or 3, + weights.safetensors; docs/deploy.md) with the C++ ops of
 // lattice, no Python and no libtorch.
 //
 //   lattice::Runtime net = lattice::Runtime::load("out/net");            // CPU
@@ -10,7 +10,9 @@
 // end picks, so CPU results equal `lattice.load_exported` bit for bit), Linear as a kernel-1
 // submanifold conv; nodes with packed int8 / int4 weights (version 2, attrs["quantized"])
 // through the public quantized API (ops::quantized_conv_forward / ops::quantized_linear, as
-// lattice.nn's Quantized* modules), element-wise nodes (scale_shift, activations, add/sub/mul, cat, layer_norm)
+// lattice.nn's Quantized* modules), window_conv3d nodes (version 3: lattice.models.WindowConv3d,
+// the spconv window: input translated by attrs.shift, conv3d with padding 0 and expand, rows kept
+// inside [0, attrs.crop) when crop is set) as translate + ops::conv3d + ops::crop_rows, element-wise nodes (scale_shift, activations, add/sub/mul, cat, layer_norm)
 // in this layer. On CUDA the convolutions run on the device; the element-wise nodes of graph
 // version 1 run on the host (a device -> host -> device copy per node; see docs/deploy.md).
 //
@@ -85,7 +87,7 @@ class Runtime {
   std::int64_t input_channels() const;
   std::vector<std::string> output_names() const;
   std::size_t num_nodes() const;
-  int version() const;  // the graph's schema version (1 or 2)
+  int version() const;  // the graph's schema version (1, 2 or 3)
   const VoxelizeSpec& voxelize_spec() const;
   std::string metadata_json() const;  // metadata as JSON text ("{}" when none)
 

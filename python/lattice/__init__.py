@@ -19,7 +19,17 @@ from .quantize import QuantizedWeight, dequantize_weight, quantize_weight  # pac
 __all__ += ["QuantizedWeight", "quantize_weight", "dequantize_weight"]
 from . import convert, data, models  # backbones, data pipeline, checkpoint import (issue 13)
 __all__ += ["models", "data", "convert"]
-from .export import ExportError, export, load_exported  # deployment: graph.json + weights.safetensors (issue 14)
+# deployment: graph.json + weights.safetensors (issue 14). The module is lattice._export so that the
+# name lattice.export is only the function; "lattice.export" stays importable as a module name
+# (importlib.import_module("lattice.export"), from lattice.export import read_safetensors) for
+# code written before the rename.
+from . import _export
+from ._export import ExportError, export, load_exported
+import sys as _sys
+_sys.modules[__name__ + ".export"] = _export
+del _sys
 __all__ += ["export", "load_exported", "ExportError"]
 from . import cuda  # lattice's CUDA allocator: memory_stats / host_syncs / empty_cache (issue 12)
 __all__ += ["cuda"]
+from . import _compile  # torch.compile (torch >= 2): lattice's core calls stay out of dynamo's graphs (last:
+_compile.install()      # it wraps the ops every lattice module imported)

@@ -109,13 +109,14 @@ class SparseTensor:
             counts = None if batch_counts is None else _int_list(batch_counts, "batch_counts", op)
             # features live on the device of the coordinates; checked before the core sees either
             check_device(op, "feats", as_tensor(feats, "feats", op), c.device)
-            self._cs = core.CoordinateSet.create(to_core(c), s, counts, validate)
+            self._cs = _coordinate_set_of(c, s, counts, validate)
             self._coords = c
         f = as_tensor(feats, "feats", op)
         if not f.dtype.is_floating_point:
             raise TypeError(f"[{op}] feats: expected a float tensor (float16, bfloat16, float32, float64), got {f.dtype}")
-        if f.dim() != 2 or f.shape[0] != self._cs.size:
-            raise ValueError(f"[{op}] feats: expected shape (N={self._cs.size}, C), got {tuple(f.shape)}")
+        n = self._coords.shape[0]  # the coordinate set's size (read from the tensor: traceable by torch.compile)
+        if f.dim() != 2 or f.shape[0] != n:
+            raise ValueError(f"[{op}] feats: expected shape (N={n}, C), got {tuple(f.shape)}")
         check_device(op, "feats", f, self._coords.device)
         self._feats = f
 
@@ -174,7 +175,7 @@ class SparseTensor:
         return self._feats.device
 
     def __len__(self) -> int:
-        return int(self._cs.size)
+        return int(self._coords.shape[0])
 
     def validate(self) -> "SparseTensor":
         """Raises ValueError when a batch id is negative or coordinate rows repeat (the checks of
@@ -265,12 +266,14 @@ class SparseTensor:
         return self.replace_feats(-self._feats)
 
     # -- dense grids (lattice.ops.dense / from_dense) ---------------------------------------------
-    def dense(self, shape: Optional[Stride] = None, origin: Stride = 0) -> torch.Tensor:
-        """The dense (B, C, X, Y, Z) grid of this tensor; see :func:`lattice.ops.dense` (small grids
-        only: above 2^26 elements it raises ValueError)."""
+    def dense(self, shape: Optional[Stride] = None, origin: Stride = 0, *,
+              max_bytes: Optional[int] = None) -> torch.Tensor:
+        """The dense (B, C, X, Y, Z) grid of this tensor; see :func:`lattice.ops.dense` (no fixed
+        size limit: a grid larger than ``max_bytes``, default the memory available on the device,
+        raises ValueError saying how much it would take)."""
         from .ops.coords import dense
 
-        return dense(self, shape, origin)
+        return dense(self, shape, origin, max_bytes=max_bytes)
 
     @classmethod
     def from_dense(cls, grid: torch.Tensor, *, origin: Stride = 0, stride: Stride = 1) -> "SparseTensor":
@@ -291,6 +294,13 @@ class SparseTensor:
             f"SparseTensor(N={len(self)}, C={self._feats.shape[1]}, stride={self.stride}, "
             f"dtype={self._feats.dtype}, device={self._feats.device}, key={self.key})"
         )
+
+
+def _coordinate_set_of(coords: torch.Tensor, stride: tuple[int, int, int], counts: Optional[list[int]],
+                       validate: bool) -> Any:
+    """The core coordinate set of (N, 4) int32 contiguous ``coords`` (the one core call of
+    SparseTensor construction; lattice._compile keeps it out of torch.compile graphs)."""
+    return core.CoordinateSet.create(to_core(coords), stride, counts, validate)
 
 
 def _rebuild_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, stride: Any, batch_counts: Any) -> SparseTensor:

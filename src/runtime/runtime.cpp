@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -17,6 +18,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/ops/conv.h"
+#include "lattice/ops/coords.h"
 #include "lattice/ops/point_voxel.h"
 #include "lattice/ops/pool.h"
 #include "lattice/ops/quantize.h"
@@ -28,7 +30,7 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kOp = "Runtime";
 constexpr const char* kFormat = "lattice.graph";
-constexpr int kVersion = 2;  // newest schema read (version 1 files are read as well)
+constexpr int kVersion = 3;  // newest schema read (versions 1 and 2 files are read as well)
 
 [[noreturn]] void fail(const std::string& what, const std::string& expected, const std::string& got) {
   throw_value_error(kOp, what, expected, got);
@@ -57,7 +59,8 @@ constexpr StDtype kStDtypes[] = {{"F32", Dtype::f32}, {"F64", Dtype::f64}, {"F16
 enum class Op {
   subm_conv3d, conv3d, conv_transpose3d, generative_conv_transpose3d, linear, scale_shift, relu,
   leaky_relu, gelu, silu, sigmoid, tanh_, softplus, layer_norm, add, sub, mul, cat,
-  max_pool3d, avg_pool3d, sum_pool3d  // version 2
+  max_pool3d, avg_pool3d, sum_pool3d,  // version 2
+  window_conv3d                        // version 3
 };
 const std::pair<const char*, Op> kOps[] = {
     {"subm_conv3d", Op::subm_conv3d}, {"conv3d", Op::conv3d}, {"conv_transpose3d", Op::conv_transpose3d},
@@ -65,13 +68,14 @@ const std::pair<const char*, Op> kOps[] = {
     {"scale_shift", Op::scale_shift}, {"relu", Op::relu}, {"leaky_relu", Op::leaky_relu}, {"gelu", Op::gelu},
     {"silu", Op::silu}, {"sigmoid", Op::sigmoid}, {"tanh", Op::tanh_}, {"softplus", Op::softplus},
     {"layer_norm", Op::layer_norm}, {"add", Op::add}, {"sub", Op::sub}, {"mul", Op::mul}, {"cat", Op::cat},
-    {"max_pool3d", Op::max_pool3d}, {"avg_pool3d", Op::avg_pool3d}, {"sum_pool3d", Op::sum_pool3d}};
+    {"max_pool3d", Op::max_pool3d}, {"avg_pool3d", Op::avg_pool3d}, {"sum_pool3d", Op::sum_pool3d},
+    {"window_conv3d", Op::window_conv3d}};
 
 bool is_pool(Op op) { return op == Op::max_pool3d || op == Op::avg_pool3d || op == Op::sum_pool3d; }
 
 bool is_conv(Op op) {
   return op == Op::subm_conv3d || op == Op::conv3d || op == Op::conv_transpose3d ||
-         op == Op::generative_conv_transpose3d || op == Op::linear;
+         op == Op::generative_conv_transpose3d || op == Op::linear || op == Op::window_conv3d;
 }
 
 struct Node {
@@ -89,6 +93,10 @@ struct Node {
   RelationKind kind = RelationKind::submanifold;
   double slope = 0.01, beta = 1.0, threshold = 20.0, eps = 1e-5;
   bool gelu_tanh = false;
+  // window_conv3d (version 3): input translation, and the output grid [0, crop_hi) when `crop`
+  Int3 window_shift{0, 0, 0};
+  bool crop = false;
+  Int3 crop_hi{0, 0, 0};
 };
 
 Int3 int3(const json& j, const std::string& what) {
@@ -122,6 +130,51 @@ Array map_rows(const Array& x, F&& f) {  // y = f(x) element-wise
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t i = 0; i < n; ++i) q[i] = f(p[i]);
   return out;
+}
+
+// window_conv3d: x with every (x, y, z) coordinate moved by `shift` (same features, a new coordinate
+// set; lattice.models.translate).
+SparseTensor translate(const SparseTensor& x, const Int3& shift) {
+  if (shift[0] == 0 && shift[1] == 0 && shift[2] == 0) return x;
+  Array c = x.coords().to(Device::cpu()).contiguous().clone();
+  auto* p = c.data<std::int32_t>();
+  const std::int64_t n = c.dim(0);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int a = 0; a < 3; ++a) p[4 * i + 1 + a] += shift[a];
+  return SparseTensor(c.to(x.coords().device()), x.feats(), x.stride(), x.coordinate_set()->batch_counts());
+}
+
+// window_conv3d: the rows of y with 0 <= (x, y, z) < hi, in order (lattice.ops.crop: y itself
+// when every row is kept, else a new coordinate set with batch_counts recounted when y has them).
+SparseTensor crop_box(const SparseTensor& y, const Int3& hi) {
+  Array rows = ops::crop_rows(y.coords(), Int3{0, 0, 0}, hi).to(Device::cpu()).contiguous();
+  const std::int64_t k = rows.dim(0);
+  if (k == y.size()) return y;
+  const Array c = y.coords().to(Device::cpu()).contiguous();
+  const Array f = host_f32(y.feats());
+  const std::int64_t ch = f.dim(1);
+  Array oc = Array::empty({k, 4}, Dtype::i32);
+  Array of = Array::empty({k, ch}, Dtype::f32);
+  const auto* r = rows.data<std::int64_t>();
+  const auto* cp = c.data<std::int32_t>();
+  const float* fp = f.data<float>();
+  auto* ocp = oc.data<std::int32_t>();
+  float* ofp = of.data<float>();
+  for (std::int64_t i = 0; i < k; ++i) {
+    std::memcpy(ocp + 4 * i, cp + 4 * r[i], 4 * sizeof(std::int32_t));
+    std::memcpy(ofp + ch * i, fp + ch * r[i], static_cast<std::size_t>(ch) * sizeof(float));
+  }
+  std::optional<std::vector<std::int64_t>> counts;
+  if (y.coordinate_set()->batch_counts()) {
+    counts = std::vector<std::int64_t>(y.coordinate_set()->batch_counts()->size(), 0);
+    for (std::int64_t i = 0; i < k; ++i) {
+      const auto b = static_cast<std::size_t>(ocp[4 * i]);
+      if (b >= counts->size()) counts->resize(b + 1, 0);
+      ++(*counts)[b];
+    }
+  }
+  const Device d = y.feats().device();
+  return SparseTensor(oc.to(d), of.to(d), y.stride(), counts);
 }
 
 }  // namespace
@@ -320,7 +373,9 @@ Runtime Runtime::load(const std::string& directory, Device device) {
       n.name = jn.value("name", "?");
       n.op_name = jn.at("op").get<std::string>();
       auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const auto& p) { return n.op_name == p.first; });
-      if (it == std::end(kOps)) fail("node " + n.name + " op", "an op of lattice.graph (versions 1, 2)", n.op_name);
+      if (it == std::end(kOps)) fail("node " + n.name + " op", "an op of lattice.graph (versions 1 to 3)", n.op_name);
+      if (it->second == Op::window_conv3d && version < 3)
+        fail("node " + n.name + " op", "an op of graph version " + std::to_string(version), n.op_name + " (version 3)");
       n.op = it->second;
       for (const auto& v : jn.at("inputs")) {
         int s = slot(v.get<std::string>(), "node " + n.name + " inputs");
@@ -355,6 +410,18 @@ Runtime Runtime::load(const std::string& directory, Device device) {
           if (a.contains("stride")) n.conv.stride = int3(a["stride"], "node " + n.name + " stride");
           if (a.contains("padding")) n.conv.padding = int3(a["padding"], "node " + n.name + " padding");
           n.conv.expand = a.value("expand", false);
+          if (n.op == Op::window_conv3d) {  // translate, conv3d (padding 0, expand), crop
+            if (a.contains("padding")) fail("node " + n.name + " padding", "none (window_conv3d pads by its shift)",
+                                            a["padding"].dump());
+            n.conv.expand = true;
+            n.window_shift = int3(a.at("shift"), "node " + n.name + " shift");
+            if (a.contains("crop") && !a["crop"].is_null()) {
+              n.crop = true;
+              n.crop_hi = int3(a["crop"], "node " + n.name + " crop");
+              for (int ax = 0; ax < 3; ++ax)
+                if (n.crop_hi[ax] < 0) fail("node " + n.name + " crop", "non-negative sizes", a["crop"].dump());
+            }
+          }
           const auto& k = n.conv.kernel_size;
           if (!packed) expect_shape(n, "weight", n.weight, {c_out, k[0], k[1], k[2], c_in});
         }
@@ -369,7 +436,8 @@ Runtime Runtime::load(const std::string& directory, Device device) {
         }
         if (n.bias.defined()) n.bias = n.bias.to(device);
         const bool target = n.inputs.size() > 1;
-        n.kind = n.op == Op::conv3d             ? (target ? RelationKind::target : RelationKind::forward)
+        n.kind = n.op == Op::window_conv3d      ? RelationKind::forward
+                 : n.op == Op::conv3d           ? (target ? RelationKind::target : RelationKind::forward)
                  : n.op == Op::conv_transpose3d ? (target ? RelationKind::transposed_target : RelationKind::transposed)
                  : n.op == Op::generative_conv_transpose3d ? RelationKind::generative
                                                            : RelationKind::submanifold;
@@ -416,7 +484,7 @@ Runtime Runtime::load(const std::string& directory, Device device) {
     impl->n_coords = static_cast<int>(coord_ids.size());
     impl->voxelize = parse_voxelize(g.value("metadata", json::object()));
   } catch (const json::exception& e) {
-    fail(gpath, "a graph of lattice.graph (versions 1, 2)", e.what());
+    fail(gpath, "a graph of lattice.graph (versions 1 to 3)", e.what());
   }
   Runtime r;
   r.impl_ = std::move(impl);
@@ -426,6 +494,17 @@ Runtime Runtime::load(const std::string& directory, Device device) {
 SparseTensor Runtime::Impl::run_node(const Node& n, const std::vector<SparseTensor>& in) const {
   const SparseTensor& x = in[0];
   const Array* bias = n.bias.defined() ? &n.bias : nullptr;
+  if (n.op == Op::window_conv3d) {  // lattice.models.WindowConv3d.forward
+    const SparseTensor t = translate(x, n.window_shift);
+    SparseTensor y;
+    if (n.packed) {
+      const ops::ConvPlan plan = ops::plan_conv("conv3d", RelationKind::forward, t, n.conv, nullptr);
+      y = SparseTensor(plan.output, ops::quantized_conv_forward(plan, t.feats(), n.q, bias));
+    } else {
+      y = ops::conv3d(t, n.weight, n.conv, bias, nullptr);
+    }
+    return n.crop ? crop_box(y, n.crop_hi) : y;
+  }
   if (n.packed) {  // the public quantized API, as lattice.nn's Quantized* modules call it
     if (n.op == Op::linear) return x.with_feats(ops::quantized_linear(x.feats(), n.q, bias));
     const ops::ConvPlan plan = ops::plan_conv(n.op_name, n.kind, x, n.conv, in.size() > 1 ? &in[1] : nullptr);

@@ -266,4 +266,74 @@ TEST_F(RuntimeTest, RejectsMalformedDirectories) {
   expect_value_error([&] { net.run(coords_, Array::zeros({coords_.dim(0), 5}, Dtype::f32)); }, "input feats");
 }
 
+// Graph version 3: a window_conv3d node (lattice.models.WindowConv3d) runs as the documented
+// chain: coordinates moved by attrs.shift, conv3d with padding 0 and expand, then only the rows
+// inside [0, crop) kept in order; bit for bit that chain of lattice::ops calls. Without crop the
+// conv3d output is returned as is; a version-2 graph may not hold the op.
+const char* kWindowGraph = R"({
+ "format": "lattice.graph", "version": 3, "dtype": "float32",
+ "inputs": [{"name": "input", "value": "v0", "channels": 3, "stride": [1, 1, 1]}],
+ "outputs": [{"name": "output0", "value": "v1"}],
+ "coords": {"c0": {"stride": [1, 1, 1]}, "c1": {"stride": [2, 2, 2]}},
+ "values": {"v0": {"coords": "c0", "channels": 3}, "v1": {"coords": "c1", "channels": 5}},
+ "nodes": [
+  {"name": "down", "op": "window_conv3d", "inputs": ["v0"], "output": "v1",
+   "attrs": {"kernel_size": [3, 3, 3], "stride": [2, 2, 2], "dilation": [1, 1, 1], "shift": [1, -1, 0],
+             "crop": [4, 5, 3]},
+   "weights": {"weight": "n0.weight", "bias": "n0.bias"}}
+ ]
+})";
+
+TEST_F(RuntimeTest, RunsWindowConvolutionsAsShiftConvCrop) {
+  std::mt19937 rng(11);
+  std::map<std::string, Tensor> w;
+  w["n0.weight"] = random_tensor({5, 3, 3, 3, 3}, rng);
+  w["n0.bias"] = random_tensor({5}, rng);
+  write(kWindowGraph, w);
+  lattice::Runtime net = lattice::Runtime::load(dir());
+  EXPECT_EQ(net.version(), 3);
+  SparseTensor x(coords_, feats_);
+  std::vector<SparseTensor> out = net.run(x);
+  ASSERT_EQ(out.size(), 1u);
+
+  namespace ops = lattice::ops;
+  const std::int64_t n = x.size();
+  Array moved = coords_.clone();
+  const int shift[3] = {1, -1, 0};
+  for (std::int64_t r = 0; r < n; ++r)
+    for (int a = 0; a < 3; ++a) moved.data<std::int32_t>()[r * 4 + 1 + a] += shift[a];
+  ops::ConvOptions o;
+  o.kernel_size = {3, 3, 3};
+  o.stride = {2, 2, 2};
+  o.expand = true;
+  Array b = to_array(w["n0.bias"]);
+  SparseTensor full = ops::conv3d(SparseTensor(moved, feats_), to_array(w["n0.weight"]), o, &b);
+  Array rows = ops::crop_rows(full.coords(), {0, 0, 0}, {4, 5, 3});
+  const std::int64_t k = rows.dim(0);
+  ASSERT_GT(k, 0);
+  ASSERT_LT(k, full.size());  // the crop removes rows: not vacuous
+  ASSERT_EQ(out[0].size(), k);
+  const std::int64_t* r = rows.data<std::int64_t>();
+  bool coords_equal = true, feats_equal = true;
+  for (std::int64_t i = 0; i < k; ++i) {
+    coords_equal &= std::memcmp(out[0].coords().data<std::int32_t>() + 4 * i,
+                                full.coords().data<std::int32_t>() + 4 * r[i], 16) == 0;
+    feats_equal &= std::memcmp(out[0].feats().data<float>() + 5 * i, full.feats().data<float>() + 5 * r[i],
+                               5 * sizeof(float)) == 0;
+  }
+  EXPECT_TRUE(coords_equal);
+  EXPECT_TRUE(feats_equal);
+  EXPECT_EQ(out[0].stride(), (lattice::Int3{2, 2, 2}));
+
+  write(replaced(kWindowGraph, "\"crop\": [4, 5, 3]", "\"crop\": null"), w);  // no crop: conv3d as is
+  std::vector<SparseTensor> uncropped = lattice::Runtime::load(dir()).run(x);
+  EXPECT_TRUE(same_bits(uncropped[0].coords(), full.coords()));
+  EXPECT_TRUE(same_bits(uncropped[0].feats(), full.feats()));
+
+  write(replaced(kWindowGraph, "\"version\": 3", "\"version\": 2"), w);
+  expect_value_error([&] { lattice::Runtime::load(dir()); }, "window_conv3d (version 3)");
+  write(replaced(kWindowGraph, "\"shift\": [1, -1, 0],", ""), w);
+  expect_value_error([&] { lattice::Runtime::load(dir()); }, "shift");
+}
+
 }  // namespace

@@ -417,10 +417,36 @@ def test_dense_and_from_dense_are_differentiable(rng):
     assert float(grid.grad.sum()) == 2.0 and grid.grad[0, :, 1, 1, 0].tolist() == [1.0, 1.0]
 
 
-def test_dense_refuses_grids_above_the_documented_size():
+def test_dense_builds_grids_above_2_26_elements():
+    """The old fixed limit (2^26 elements, below a detection BEV at batch 8-16) is gone: a
+    2*1*1024*1024*33 = 69,206,016-element grid (> 2^26) is built, every voxel at its cell and
+    nothing elsewhere. float16 and one channel keep it at 132 MiB (the grid is allocated once:
+    index_put_ in place), so the test is cheap in CI."""
+    coords = torch.tensor([[0, 0, 0, 0], [1, 1023, 1023, 32], [1, 5, 700, 17], [0, 512, 3, 31]], dtype=torch.int32)
+    feats = torch.tensor([[1.0], [2.0], [3.0], [-4.0]], dtype=torch.float16)
+    x = lattice.SparseTensor(coords, feats)
+    g = x.dense((1024, 1024, 33))
+    assert g.shape == (2, 1, 1024, 1024, 33) and g.numel() > 2**26 and g.dtype == torch.float16
+    for (b, cx, cy, cz), v in zip(coords.tolist(), feats[:, 0].tolist()):
+        assert float(g[b, 0, cx, cy, cz]) == v
+    assert int(torch.count_nonzero(g)) == 4  # the four voxels above, nothing else
+
+
+def test_dense_refusal_names_the_memory_it_would_take():
+    """A grid above ``max_bytes`` (or above the memory available on its device) raises the clear
+    ValueError with the element count and the bytes it would take, before any allocation."""
     x = lattice.SparseTensor(torch.tensor([[0, 0, 0, 0], [0, 511, 511, 511]]), torch.zeros(2, 1))
-    with pytest.raises(ValueError, match=r"^\[dense\] shape: expected a grid of at most 67108864 elements \(B\*C\*X\*Y\*Z\), got 1\*1\*512\*512\*512 = 134217728$"):
-        x.dense()
+    with pytest.raises(ValueError, match=r"^\[dense\] shape: expected a grid of at most max_bytes=1000000 bytes "
+                                         r"\(0\.00 GiB\), got 1\*1\*512\*512\*512 = 134217728 elements "
+                                         r"\(0\.50 GiB of float32\)$"):
+        x.dense(max_bytes=10**6)
+    one = lattice.SparseTensor(torch.tensor([[0, 0, 0, 0]]), torch.zeros(1, 1))
+    with pytest.raises(ValueError, match=r"^\[dense\] shape: expected a grid that fits in the memory available on cpu "
+                                         r"\([0-9.]+ GiB\), got 1\*1\*1048576\*1048576\*1024 = 1125899906842624 "
+                                         r"elements \(4194304\.00 GiB of float32\); crop first"):
+        one.dense((2**20, 2**20, 2**10))
+    with pytest.raises(ValueError, match=r"fewer than 2\^63 elements \(int64 cell indices\)"):
+        one.dense((2**31 - 1, 2**31 - 1, 2**31 - 1))
 
 
 def test_dense_rejects_rows_outside_the_box():

@@ -31,6 +31,15 @@ What each test proves:
   target) export as graph version 2 nodes; the runner matches the eager forward (f32 bound,
   identical argmax) and the Python executor bit for bit.
 * ``test_packed_export_errors``: unknown ``weights`` and bfloat16 scales fail with the clear error.
+* ``test_voxel_backbone8x_runner_matches_python[float32|int8]``: lattice.models.VoxelBackBone8x
+  (spconv windows through WindowConv3d: ``window_conv3d`` nodes, graph version 3, with input
+  translation and the frozen output-grid crop) exported with its ``spatial_shape``; ``lattice-run
+  --outputs`` on the scan crop gives every sparse output (conv_out and conv1..conv4) with the eager
+  coordinates exactly and features within f32 max relative error 1e-5 (int8: bit for bit the
+  Python executor's packed path), the BEV rebuilt from the runner's conv_out equals the eager BEV,
+  and the Python executor equals the runner bit for bit.
+* ``test_module_name_alias``: ``lattice.export`` is the function, the module is
+  ``lattice._export``, and the old module name still imports.
 """
 from __future__ import annotations
 
@@ -52,7 +61,7 @@ from lattice._demo_data import crop_nearest, synthetic_scan, voxelize_scan
 from lattice._demo_model import SparseUNet
 from lattice.models import MinkUNet42
 
-lx = importlib.import_module("lattice.export")  # the module (lattice.export itself is the function)
+from lattice import _export as lx  # the module (lattice.export itself is the function)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KITTI_SCAN = "/work/shared/data/semantickitti/000000.bin"
@@ -239,19 +248,81 @@ def test_training_mode_batch_norm_is_refused(tmp_path) -> None:
         lattice.export(model, _small_input(), str(tmp_path / "c"))
 
 
-def test_window_conv_is_refused(tmp_path) -> None:
-    from lattice.models.blocks import WindowConv3d
+def test_module_name_alias() -> None:
+    assert callable(lattice.export) and lattice.export is lx.export
+    assert importlib.import_module("lattice.export") is lx
+    from lattice.export import read_safetensors  # the pre-rename spelling
 
-    class M(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.down = WindowConv3d(4, 4, 3, stride=2, padding=1)
+    assert read_safetensors is lx.read_safetensors and lattice.export is lx.export  # still the function
 
-        def forward(self, x):
-            return self.down(x)
 
-    with pytest.raises(lx.ExportError, match=r"\[export\] down \(WindowConv3d\): WindowConv3d: expected one of SubmConv3d"):
-        lattice.export(M().eval(), _small_input(), str(tmp_path / "d"))
+def _voxel_backbone_setup(scan_bin: str) -> tuple[dict, lattice.SparseTensor, tuple[int, int, int]]:
+    """A voxelization recipe for VoxelBackBone8x (mean x, y, z, intensity per 0.1 m voxel, origin
+    one voxel below the scan's minimum so every coordinate is >= 0), its input and its grid (the
+    tightest: max + 1 per axis, so spconv's output-grid crop removes rows somewhere)."""
+    pts = torch.from_numpy(np.fromfile(scan_bin, dtype=np.float32).reshape(-1, 4))
+    vs = 0.1
+    lo = torch.floor(pts[:, :3].min(0).values.double() / vs) * vs - vs
+    spec = {"voxel_size": vs, "origin": [float(v) for v in lo], "reduction": "mean",
+            "features": [{"source": s} for s in ("x", "y", "z", "intensity")]}
+    x, _ = lx.voxelize_points(pts, spec)
+    assert int(x.coords[:, 1:].min()) >= 0 and len(x) > 2000, len(x)
+    shape = tuple(int(v) + 1 for v in x.coords[:, 1:].max(0).values)
+    return spec, x, shape
+
+
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_voxel_backbone8x_runner_matches_python(weights: str, scan_bin: str, tmp_path) -> None:
+    from lattice.models import VoxelBackBone8x, bev_scatter
+
+    spec, x, shape = _voxel_backbone_setup(scan_bin)
+    torch.manual_seed(0)
+    model = _randomize(VoxelBackBone8x(4), 0)
+    out_dir = str(tmp_path / "vb")
+    graph = lattice.export(model, x, out_dir, metadata={"voxelize": spec}, forward_args=(shape,), weights=weights)
+    assert graph["version"] == 3
+    windows = [n for n in graph["nodes"] if n["op"] == "window_conv3d"]
+    assert len(windows) == 4 and not any(n["op"] == "scale_shift" for n in graph["nodes"])  # BN folded
+    assert [n["attrs"]["shift"] for n in windows] == [[0, 0, 0], [0, 0, 0], [0, 0, -1], [0, 0, -1]]
+    assert all(n["attrs"]["crop"] is not None for n in windows)
+    assert all(("quantized" in n["attrs"]) == (weights == "int8") for n in windows)
+    with torch.no_grad():
+        eager = model(x, shape)
+    ref = [eager["encoded"], *eager["features"]]
+    assert len(graph["outputs"]) == len(ref) == 5
+    # the frozen crops matter on this input: some window conv drops rows outside spconv's grid
+    stage_in, grid, dropped = eager["features"], shape, 0
+    for i, conv in enumerate([model.conv2[0].conv, model.conv3[0].conv, model.conv4[0].conv, model.conv_out.conv]):
+        with torch.no_grad():
+            dropped += len(conv(stage_in[i])) - len(conv(stage_in[i], grid))
+        grid = conv.output_shape(grid)
+    assert dropped > 0
+
+    prefix = str(tmp_path / "out")
+    proc = subprocess.run([_runner(), out_dir, scan_bin, "--outputs", prefix], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" in proc.stdout and "network" in proc.stdout, proc.stdout
+    runner = [lattice.SparseTensor(torch.from_numpy(np.load(f"{prefix}{i}.coords.npy")),
+                                   torch.from_numpy(np.load(f"{prefix}{i}.feats.npy")), r.stride)
+              for i, r in enumerate(ref)]
+    ex = lattice.load_exported(out_dir)(x)
+    for i, (r, e, py) in enumerate(zip(runner, ref, ex)):
+        assert torch.equal(r.coords, e.coords), i  # same rows, same order (spconv windows, crop)
+        assert torch.equal(r.feats, py.feats), i  # the Python executor: bit for bit the runner
+        if weights == "float32":
+            assert _rel(r.feats, e.feats) <= 1e-5, (i, _rel(r.feats, e.feats))
+        else:  # packed weights: a real but bounded quantization error
+            assert _rel(r.feats, e.feats) <= 0.1, (i, _rel(r.feats, e.feats))
+    assert runner[0].stride == (8, 8, 16) and len(runner[0]) > 50
+    if weights == "float32":  # per-point labels of a strided encoder: refused, pointing at --outputs
+        bad = subprocess.run([_runner(), out_dir, scan_bin, "--out", str(tmp_path / "x.label")], capture_output=True,
+                             text=True, timeout=300)
+        assert bad.returncode == 1 and "use --outputs PREFIX" in bad.stderr, bad.stderr
+    bev = bev_scatter(runner[0], eager["shape"])
+    assert bev.shape == eager["bev"].shape and float(eager["bev"].abs().sum()) > 0
+    if weights == "float32":
+        assert _rel(bev, eager["bev"]) <= 1e-5
 
 
 def test_safetensors_layout(tmp_path) -> None:

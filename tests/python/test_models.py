@@ -190,8 +190,8 @@ def test_window_conv_matches_dense_conv3d_with_padding(k, s, p):
 
 
 def test_bev_scatter_matches_dense_and_has_no_element_limit():
-    """bev[b, c*Z + z, y, x] == dense[b, c, x, y, z]; the scatter works past lattice.ops.dense's
-    2^26-element limit (a detection BEV at batch 8-16)."""
+    """bev[b, c*Z + z, y, x] == dense[b, c, x, y, z]; the scatter works on a detection BEV at
+    batch 4 (above 2^26 elements, lattice.ops.dense's former limit)."""
     x = _scan(200, extent=10)
     d = lattice.ops.dense(x, (10, 10, 10))
     bev = models.bev_scatter(x, (10, 10, 10))

@@ -49,7 +49,17 @@ def _down(c_in: int, c_out: int, kernel, stride, padding) -> ConvBlock:
 def bev_scatter(x: SparseTensor, shape: Sequence[int], batch_size: Optional[int] = None) -> torch.Tensor:
     """The (B, C * Z, Y, X) bird's-eye-view grid of ``x`` (coords inside ``[0, shape)``): channel
     ``c * Z + z`` at ``[y, x]`` holds ``feats[row, c]``; empty cells are 0. Differentiable in the
-    features; no element limit (the grid is ``B * C * X * Y * Z`` values of the feature dtype)."""
+    features; no element limit (the grid is ``B * C * X * Y * Z`` values of the feature dtype).
+
+    Under :func:`lattice.export` it runs outside the graph (``lattice._export.outside_graph``): the
+    exported VoxelBackBone8x returns the sparse ``encoded`` tensor and the BEV is rebuilt from it."""
+    from .._export import outside_graph
+
+    with outside_graph():
+        return _bev_scatter(x, shape, batch_size)
+
+
+def _bev_scatter(x: SparseTensor, shape: Sequence[int], batch_size: Optional[int]) -> torch.Tensor:
     X, Y, Z = (int(v) for v in shape)
     c = x.coords.long()
     b = batch_size if batch_size is not None else (

@@ -12,6 +12,8 @@ the rows are unchanged.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -26,8 +28,10 @@ IntOr3 = Union[int, Sequence[int]]
 CoordsLike = Union[SparseTensor, torch.Tensor, np.ndarray]
 
 MORTON_MIN, MORTON_MAX = -(2**20), 2**20 - 1
-# Largest dense grid SparseTensor.dense() builds, in elements (B*C*X*Y*Z): 2^26 (256 MiB of float32).
-DENSE_MAX_ELEMENTS = 2**26
+# dense(): no fixed element limit (a detection BEV at batch 16 is ~2^27 elements). The grid must be
+# addressable with int64 cell indices and fit in the memory available on its device (or in the
+# caller's ``max_bytes``); see dense() and _available_bytes().
+DENSE_MAX_ELEMENTS = 2**63 - 1
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -334,7 +338,31 @@ def _segment_sum(index: torch.Tensor, values: torch.Tensor, n: int) -> torch.Ten
     return torch.segment_reduce(values.index_select(0, order), "sum", lengths=lengths, axis=0)
 
 
-def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -> torch.Tensor:
+def _available_bytes(device: torch.device) -> Optional[int]:
+    """Bytes a new tensor can take on ``device`` now: CUDA free memory plus what torch's caching
+    allocator holds unused; on the CPU the kernel's MemAvailable (None when it cannot be read)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free) + int(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0, *,
+          max_bytes: Optional[int] = None) -> torch.Tensor:
     """The dense (B, C, X, Y, Z) grid of ``x`` (channels first, like ``torch.nn.Conv3d``): voxel
     ``(b, x, y, z)`` lands at ``[b, :, x - ox, y - oy, z - oz]``; empty voxels are 0.
 
@@ -342,11 +370,14 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
         shape: (X, Y, Z); default ``max(coords) - origin + 1`` per axis.
         origin: the coordinate of grid cell (0, 0, 0) (default 0); every row must lie in
             ``[origin, origin + shape)`` (ValueError otherwise).
+        max_bytes: refuse (ValueError) a grid larger than this many bytes; default: the memory
+            available on ``x``'s device now (CUDA: free + cached by torch; CPU: MemAvailable).
 
-    B is ``len(batch_counts)`` when set, else ``max(batch) + 1``. Grids above
-    ``DENSE_MAX_ELEMENTS`` (2^26) elements raise ValueError: this is for small grids (tests,
-    visualisation). Rows must be unique and batch ids >= 0 (ValueError naming the first offending
-    row otherwise). Differentiable in the features.
+    B is ``len(batch_counts)`` when set, else ``max(batch) + 1``. There is no fixed element limit:
+    the grid (``B*C*X*Y*Z`` values of the feature dtype) must have fewer than 2^63 elements and fit
+    in ``max_bytes``; the ValueError says how much memory it would take. An allocation that fails
+    anyway raises MemoryError with the same numbers. Rows must be unique and batch ids >= 0
+    (ValueError naming the first offending row otherwise). Differentiable in the features.
     """
     op = "dense"
     check_sparse(op, "input", x)
@@ -373,12 +404,24 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
     x._cs.validate(op)
     b = len(x.batch_counts) if x.batch_counts is not None else (int(batch.max()) + 1 if len(x) else 0)
     c = x.feats.shape[1]
-    total = b * c * size[0] * size[1] * size[2]
+    total = b * c * size[0] * size[1] * size[2]  # Python int: exact
+    what = f"{b}*{c}*{size[0]}*{size[1]}*{size[2]} = {total} elements"
     if total > DENSE_MAX_ELEMENTS:
-        raise ValueError(
-            f"[{op}] shape: expected a grid of at most {DENSE_MAX_ELEMENTS} elements (B*C*X*Y*Z), "
-            f"got {b}*{c}*{size[0]}*{size[1]}*{size[2]} = {total}"
-        )
+        raise ValueError(f"[{op}] shape: expected a grid of fewer than 2^63 elements (int64 cell indices), got {what}")
+    nbytes = total * x.feats.element_size()
+    need = f"{what} ({_gib(nbytes)} of {str(x.feats.dtype).replace('torch.', '')})"
+    if max_bytes is not None:
+        if int(max_bytes) < 0:
+            raise ValueError(f"[{op}] max_bytes: expected a non-negative number of bytes, got {max_bytes}")
+        if nbytes > int(max_bytes):
+            raise ValueError(f"[{op}] shape: expected a grid of at most max_bytes={int(max_bytes)} bytes "
+                             f"({_gib(int(max_bytes))}), got {need}")
+    else:
+        avail = _available_bytes(x.feats.device)
+        if avail is not None and nbytes > avail:
+            raise ValueError(f"[{op}] shape: expected a grid that fits in the memory available on {x.feats.device} "
+                             f"({_gib(avail)}), got {need}; crop first (lattice.ops.crop) or use "
+                             f"lattice.models.bev_scatter for a BEV")
     outside = ((xyz < 0) | (xyz >= torch.tensor(size, device=xyz.device))).any(dim=1)
     if bool(outside.any()):
         r = int(outside.nonzero()[0, 0])
@@ -387,7 +430,11 @@ def dense(x: SparseTensor, shape: Optional[IntOr3] = None, origin: IntOr3 = 0) -
             f"{tuple(a + s for a, s in zip(o, size))}), got row {r} {tuple(x.coords[r].tolist())}"
         )
     cell = from_core(core.dense_index(to_core(x.coords), o, size))
-    grid = x.feats.new_zeros((b * size[0] * size[1] * size[2], c)).index_put((cell,), x.feats)
+    try:
+        grid = x.feats.new_zeros((b * size[0] * size[1] * size[2], c))
+    except RuntimeError as e:  # torch's CPU / CUDA allocators report failure as RuntimeError
+        raise MemoryError(f"[{op}] shape: expected a grid that can be allocated on {x.feats.device}, got {need}: {e}") from e
+    grid.index_put_((cell,), x.feats)  # in place: one grid in memory, not two
     return grid.view(b, *size, c).permute(0, 4, 1, 2, 3)
 
 

@@ -4,15 +4,17 @@
     net = lattice.load_exported("out/net")      # the same graph, run with lattice's Python ops
     logits = net(x)                              # C++: lattice::Runtime / the lattice-run tool
 
-The directory holds ``graph.json`` (schema ``lattice.graph`` version 1, or 2 when the graph has
-packed weights or pooling: values, nodes, their op, attributes and which values they read) and
+The directory holds ``graph.json`` (schema ``lattice.graph`` version 1; 2 when the graph has
+packed weights or pooling; 3 when it has ``window_conv3d`` nodes: values, nodes, their op,
+attributes and which values they read) and
 ``weights.safetensors`` (float32; packed int8 / int4 words as int32 with float32 / float16 scales;
 little endian).
 
 How the graph is obtained: tracing. The model runs once on ``example_input`` with
 
 * every lattice.nn convolution (``SubmConv3d``, ``Conv3d``, ``ConvTranspose3d``,
-  ``GenerativeConvTranspose3d``), packed module (``Quantized*``, ``QuantizedLinear``) and local
+  ``GenerativeConvTranspose3d``, and ``lattice.models.WindowConv3d``: a ``window_conv3d`` node,
+  graph version 3), packed module (``Quantized*``, ``QuantizedLinear``) and local
   pooling module (``MaxPool3d``, ``AvgPool3d``, ``SumPool3d``) wrapped: the call is recorded as
   one node with the module's geometry and weights (its internals are not traced);
 * a ``torch.overrides.TorchFunctionMode`` active around everything else: every torch function
@@ -32,9 +34,11 @@ Limits of tracing (documented in docs/deploy.md): the graph is the path the exam
 control flow that depends on the data is frozen; the input is one SparseTensor; the outputs are
 the SparseTensors found in what ``forward`` returns (tuples, lists and dicts are flattened, other
 values are ignored); functional convolutions and pooling (``lattice.ops.conv3d`` called without
-a module), ``WindowConv3d``, global / transposed pooling, trilinear upsampling, point/voxel ops
+a module), global / transposed pooling, trilinear upsampling, point/voxel ops
 inside the model and coordinate edits (new SparseTensors built from traced features) are not
-exported and fail with the clear error.
+exported and fail with the clear error. Code inside :func:`outside_graph` is not traced (its
+results are not graph outputs): ``lattice.models.bev_scatter`` runs there, so VoxelBackBone8x
+exports its sparse outputs and the BEV is rebuilt from the first one (docs/deploy.md).
 
 ``weights="int8" | "int4"`` packs every convolution / Linear weight after the folding below
 (``quantize_weight``, the rule of ``lattice.nn.quantize``); see :func:`export`.
@@ -46,6 +50,7 @@ the BatchNorm (exact up to float32 rounding: ``W' = W * s``, ``b' = (b - mean) *
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -64,8 +69,8 @@ from .quantize import QuantizedWeight, quantize_weight
 from .tensor import SparseTensor
 
 FORMAT = "lattice.graph"
-VERSION = 2  # the newest schema written; a graph that needs nothing of version 2 is written as version 1
-VERSIONS = (1, 2)
+VERSION = 3  # the newest schema written; each graph is written as the oldest version that has its ops
+VERSIONS = (1, 2, 3)
 WEIGHTS = ("float32", "int8", "int4")
 
 
@@ -74,11 +79,32 @@ def _quantized_attr(q: QuantizedWeight) -> dict[str, Any]:
     return {"bits": int(q.bits), "group_size": int(q.group_size), "layout": q.layout, "shape": [int(d) for d in q.shape]}
 
 __all__ = ["export", "load_exported", "ExportError", "ExportedModel", "read_safetensors", "write_safetensors",
+           "outside_graph",
            "point_features", "voxelize_points", "demo_voxelize_spec", "FORMAT", "VERSION", "VERSIONS", "WEIGHTS"]
 
 
 class ExportError(ValueError):
     """A model (part) that lattice.export cannot write; the message names the module and function."""
+
+
+_ACTIVE: list["_Tracer"] = []  # the tracers of the export() calls running now (innermost last)
+
+
+@contextlib.contextmanager
+def outside_graph():
+    """Code in ``with outside_graph():`` is not traced by a running :func:`export`: the torch
+    functions it calls on traced features are neither recorded nor refused, and what it returns
+    is not part of the graph (a dense head such as ``lattice.models.bev_scatter``, computed from
+    a graph output after the runtime). Outside an export it does nothing."""
+    if not _ACTIVE:
+        yield
+        return
+    tracer = _ACTIVE[-1]
+    tracer.leaf += 1
+    try:
+        yield
+    finally:
+        tracer.leaf -= 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,7 +184,7 @@ _MODULE_OPS = {lnn.SubmConv3d: "subm_conv3d", lnn.Conv3d: "conv3d", lnn.ConvTran
                lnn.QuantizedGenerativeConvTranspose3d: "generative_conv_transpose3d", lnn.QuantizedLinear: "linear",
                lnn.MaxPool3d: "max_pool3d", lnn.AvgPool3d: "avg_pool3d", lnn.SumPool3d: "sum_pool3d"}
 _LEAF_NAMES = ("SubmConv3d, Conv3d, ConvTranspose3d, GenerativeConvTranspose3d (or their Quantized* modules), "
-               "QuantizedLinear, MaxPool3d, AvgPool3d, SumPool3d")
+               "QuantizedLinear, MaxPool3d, AvgPool3d, SumPool3d, lattice.models.WindowConv3d")
 
 
 @dataclass
@@ -268,9 +294,8 @@ class _Tracer(TorchFunctionMode):
         from .models.blocks import WindowConv3d
 
         kind = type(m).__name__
-        if isinstance(m, WindowConv3d):
-            self.fail(f"WindowConv3d: expected one of {_LEAF_NAMES}, "
-                      "got WindowConv3d (its input translation is not part of the graph schema, versions 1 and 2)")
+        if type(m) is WindowConv3d:
+            return self.window_conv(m, path, original, args, kwargs)
         if type(m) not in _LEAF_MODULES:
             self.fail(f"{kind}: expected one of {_LEAF_NAMES}, got a subclass")
         if len(args) < 1:
@@ -310,6 +335,36 @@ class _Tracer(TorchFunctionMode):
                 self.fail(f"{kind} weight: expected float32 (the graph stores float32), got {m.weight.dtype}")
         out = self.new_value(y.feats, self.coords_of(y))
         self.nodes.append(_Node(path or kind, op, inputs, out, attrs, params))
+        return y
+
+    def window_conv(self, m: torch.nn.Module, path: str, original: Callable[..., Any], args: tuple,
+                    kwargs: dict) -> Any:
+        """lattice.models.WindowConv3d -> one ``window_conv3d`` node (graph version 3): translate
+        the input by ``shift``, conv3d (padding 0, expand), keep the rows inside ``[0, crop)``
+        when the call had a ``spatial_shape`` (``crop`` = its output grid, frozen; else null)."""
+        kind = type(m).__name__
+        if len(args) < 1:
+            self.fail(f"{kind} input: expected a SparseTensor argument, got none")
+        extra = [k for k in kwargs if k != "spatial_shape"]
+        if extra or len(args) > 2:
+            self.fail(f"{kind} arguments: expected (x) or (x, spatial_shape), got extra {extra or len(args)}")
+        shape = args[1] if len(args) > 1 else kwargs.get("spatial_shape")
+        inputs = [self.value_of_sparse(args[0], f"{kind} input")]
+        if m.weight.dtype != torch.float32:
+            self.fail(f"{kind} weight: expected float32 (the graph stores float32), got {m.weight.dtype}")
+        self.leaf += 1
+        try:
+            y = original(*args, **kwargs)
+        finally:
+            self.leaf -= 1
+        attrs = {"kernel_size": list(m.kernel_size), "stride": list(m.stride), "dilation": list(m.dilation),
+                 "shift": [int(v) for v in m.shift],
+                 "crop": None if shape is None else [int(v) for v in m.output_shape(shape)]}
+        params = {"weight": m.weight.detach()}
+        if m.bias is not None:
+            params["bias"] = m.bias.detach()
+        out = self.new_value(y.feats, self.coords_of(y))
+        self.nodes.append(_Node(path or kind, "window_conv3d", inputs, out, attrs, params))
         return y
 
     def quantized_attrs(self, m: torch.nn.Module, op: str, kind: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -460,8 +515,9 @@ class _Tracer(TorchFunctionMode):
 # Graph passes and serialisation
 # ------------------------------------------------------------------------------------------------
 
-_FOLDABLE = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear")
+_FOLDABLE = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear", "window_conv3d")
 _V2_OPS = ("max_pool3d", "avg_pool3d", "sum_pool3d")  # ops that graph version 1 does not have
+_V3_OPS = ("window_conv3d",)  # ops that graph version 2 does not have
 
 
 def _bn_scale_shift(params: dict[str, torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -504,7 +560,8 @@ def _fold_batch_norm(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
 
 def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
            metadata: Optional[dict[str, Any]] = None, fold_batch_norm: bool = True, weights: str = "float32",
-           group_size: Optional[int] = None) -> dict[str, Any]:
+           group_size: Optional[int] = None, forward_args: Sequence[Any] = (),
+           forward_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Traces ``model`` on ``example_input`` and writes ``path/graph.json`` + ``path/weights.safetensors``.
 
     The model must be in eval mode where it has BatchNorm or Dropout (training-mode statistics
@@ -520,6 +577,10 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     C++. Modules that are already packed (``lattice.nn.Quantized*``) are stored packed as they are,
     whatever ``weights`` says; BatchNorm after a packed layer stays a ``scale_shift`` node (folding
     into packed codes would not be exact).
+
+    ``forward_args`` / ``forward_kwargs``: further arguments of ``model(example_input, *forward_args,
+    **forward_kwargs)``, frozen into the graph as the trace saw them (e.g. VoxelBackBone8x's
+    ``spatial_shape``: the crop of each ``window_conv3d`` node); they must not be traced features.
     """
     if weights not in WEIGHTS:
         raise ValueError(f"[export] weights: expected one of {WEIGHTS}, got {weights!r}")
@@ -532,14 +593,17 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
     tracer = _Tracer(model)
     x = example_input.replace_feats(example_input.feats.detach().clone())
     input_value = tracer.new_value(x.feats, tracer.coords_of(x))
+    forward_kwargs = dict(forward_kwargs or {})
     saved: list[tuple[torch.nn.Module, Any]] = []
     for m in model.modules():
         saved.append((m, m.__dict__.get("forward")))
         m.forward = tracer.wrap(m)  # type: ignore[method-assign]
+    _ACTIVE.append(tracer)
     try:
         with torch.no_grad(), tracer:
-            result = model(x)
+            result = model(x, *forward_args, **forward_kwargs)
     finally:
+        _ACTIVE.remove(tracer)
         for m, f in saved:
             if f is None:
                 del m.forward
@@ -593,9 +657,10 @@ def export(model: torch.nn.Module, example_input: SparseTensor, path: str, *,
               for v in sorted(used, key=lambda s: int(s[1:]))}
     coords_used = {values[v]["coords"] for v in values}
     needs_v2 = any("quantized" in n.attrs or n.op in _V2_OPS for n in nodes)
+    needs_v3 = any(n.op in _V3_OPS for n in nodes)
     graph = {
         "format": FORMAT,
-        "version": 2 if needs_v2 else 1,
+        "version": 3 if needs_v3 else 2 if needs_v2 else 1,
         "producer": f"lattice {_version()} (lattice.export, torch {torch.__version__})",
         "dtype": "float32",
         "inputs": [{"name": "input", "value": input_value, "channels": int(x.feats.shape[1]),
@@ -627,7 +692,7 @@ def _version() -> str:
 
 _OPS = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear", "scale_shift", "relu",
         "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "layer_norm", "add", "sub", "mul", "cat",
-        "max_pool3d", "avg_pool3d", "sum_pool3d")
+        "max_pool3d", "avg_pool3d", "sum_pool3d", "window_conv3d")
 
 
 class ExportedModel:
@@ -671,6 +736,12 @@ class ExportedModel:
             return ops.conv_transpose3d(x, w["weight"], w.get("bias"), kernel_size=a["kernel_size"], stride=a["stride"],
                                         padding=a["padding"], dilation=a["dilation"],
                                         coordinates=xs[1] if len(xs) > 1 else None)
+        if op == "window_conv3d":  # lattice.models.WindowConv3d.forward with the node's weights
+            from .models.blocks import translate
+
+            y = ops.conv3d(translate(x, a["shift"]), w["weight"], w.get("bias"), kernel_size=a["kernel_size"],
+                           stride=a["stride"], padding=0, dilation=a["dilation"], expand=True)
+            return y if a.get("crop") is None else ops.crop(y, (0, 0, 0), a["crop"])
         if op == "generative_conv_transpose3d":
             return ops.generative_conv_transpose3d(x, w["weight"], w.get("bias"), kernel_size=a["kernel_size"],
                                                    stride=a["stride"], dilation=a["dilation"])
