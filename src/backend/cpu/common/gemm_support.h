@@ -137,6 +137,17 @@ void fill_rows(Accum<T>* dst, std::int64_t rows, std::int64_t cols, const T* bia
   }
 }
 
+// True when rows[0, m) are consecutive row numbers (rows[j] == rows[0] + j): a block that can
+// be read or written in place, without a gathered copy.
+inline bool consecutive(const std::int32_t* rows, std::int64_t m) {
+  if (m <= 0) return false;
+  if (std::int64_t{rows[m - 1]} - rows[0] != m - 1) return false;
+  for (std::int64_t j = 1; j < m; ++j) {
+    if (rows[j] != rows[j - 1] + 1) return false;
+  }
+  return true;
+}
+
 // Per-thread scratch of the blocked kernels.
 template <class A>
 struct Scratch {
@@ -158,6 +169,17 @@ void gemm_rows(const T* src, std::int64_t c_src, const std::int32_t* src_rows,
   const std::int64_t m = r1 - r0;
   if (m <= 0) return;
   const A* a = nullptr;
+  if constexpr (kStorageIsAccum<T>) {
+    // Consecutive source and destination rows (the centre offset of a submanifold kernel, whose
+    // edges are (o, o), or any run of them): multiply in place, no gather, no scatter. Same
+    // product and one add into acc per element, as on the gathered path.
+    if (src_rows != nullptr && dst_rows != nullptr && consecutive(src_rows + r0, m) &&
+        consecutive(dst_rows + r0, m)) {
+      gemm<A>(m, c_dst, c_src, reinterpret_cast<const A*>(src) + std::int64_t{src_rows[r0]} * c_src, c_src, 1, w,
+              rsw, csw, A{1}, acc + std::int64_t{dst_rows[r0]} * c_dst, c_dst, 1);
+      return;
+    }
+  }
   if (src_rows == nullptr && kStorageIsAccum<T>) {
     a = reinterpret_cast<const A*>(src) + r0 * c_src;
   } else {
@@ -216,6 +238,14 @@ void weight_grad_rows(const T* x, std::int64_t c_x, const std::int32_t* x_rows, 
   std::fill_n(dw_rows, cw * c_dy, A{0});
   for (std::int64_t r0 = 0; r0 < n; r0 += block) {
     const std::int64_t m = std::min(block, n - r0);
+    if constexpr (kStorageIsAccum<T>) {
+      if (x_rows != nullptr && dy_rows != nullptr && consecutive(x_rows + r0, m) && consecutive(dy_rows + r0, m)) {
+        // consecutive rows on both sides (a submanifold kernel's centre): read them in place
+        gemm<A>(cw, c_dy, m, reinterpret_cast<const A*>(x) + std::int64_t{x_rows[r0]} * c_x + c0, 1, c_x,
+                reinterpret_cast<const A*>(dy) + std::int64_t{dy_rows[r0]} * c_dy, c_dy, 1, A{1}, dw_rows, c_dy, 1);
+        continue;
+      }
+    }
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t xr = x_rows ? std::int64_t{x_rows[r0 + r]} : r0 + r;
       const std::int64_t dr = dy_rows ? std::int64_t{dy_rows[r0 + r]} : r0 + r;
