@@ -5,8 +5,11 @@
 // kChunkEdges edges, spread over lattice's OpenMP threads; a chunk's thread walks the offsets k
 // in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
 // runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
-// rows it owns. Input gradient needs the input-side views (in_ptr, kt_in, kt_out). Weight gradient:
-// one work item per (offset, C_in column block), each summed over its edges block by block.
+// rows it owns; a block whose source and destination rows are both consecutive (a submanifold
+// kernel's centre offset) is multiplied in place instead (f32/f64). Input gradient needs the
+// input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
+// gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
+// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out).
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
 //   x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null, y (n_out, C_out),
@@ -19,8 +22,9 @@
 // output row (input row for input_grad) occurs at most once, so the parallel scatter has no
 // races and no atomics. The RelationView guarantees one edge per (o, k); input_grad also relies
 // on one edge per (i, k), which every relation rule in SEMANTICS.md satisfies (for a given
-// input and offset the rule determines the output coordinate). The blocking does not depend
-// on the thread count, so results are identical for any number of threads.
+// input and offset the rule determines the output coordinate). The blocking, the in-place
+// choice and the weight-gradient item order depend only on the data, never on the thread count
+// or the schedule, so results are identical for any number of threads.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
