@@ -171,8 +171,10 @@ void gemm_rows(const T* src, std::int64_t c_src, const std::int32_t* src_rows,
   const A* a = nullptr;
   if constexpr (kStorageIsAccum<T>) {
     // Consecutive source and destination rows (the centre offset of a submanifold kernel, whose
-    // edges are (o, o), or any run of them): multiply in place, no gather, no scatter. Same
-    // product and one add into acc per element, as on the gathered path.
+    // edges are (o, o), or any run of them): multiply in place, no gather, no scatter. For
+    // c_src up to BLIS's inner panel depth this is the gathered path's one add of the product
+    // per element; deeper products are added panel by panel (other rounding, equally fixed:
+    // the choice depends on the row numbers only).
     if (src_rows != nullptr && dst_rows != nullptr && consecutive(src_rows + r0, m) &&
         consecutive(dst_rows + r0, m)) {
       gemm<A>(m, c_dst, c_src, reinterpret_cast<const A*>(src) + std::int64_t{src_rows[r0]} * c_src, c_src, 1, w,
