@@ -5,6 +5,9 @@
     y = lattice.ops.subm_conv3d(x, w, kernel_size=3)    # w (C_out, 3, 3, 3, C_in)
     print(lattice.explain("subm_conv3d", x, w, kernel_size=3))
 """
+from . import _host_memory
+
+_host_memory.tune()  # large feature matrices reuse the heap instead of fresh mmaps (LATTICE_HOST_MALLOC=default: off)
 from . import nn, ops
 from . import io  # point-cloud file readers: lattice.io.read_kitti / read_las / read_pcd / read_ply / read
 from ._core import UnsupportedError

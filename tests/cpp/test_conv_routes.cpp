@@ -438,6 +438,31 @@ TYPED_TEST(ConvGatherGemmScatter, BitwiseReproducibleAcrossRunsAndThreadCounts) 
   }
 }
 
+// A submanifold relation (outputs == inputs, centred kernel): its centre offset is (i, i) for
+// every row, so whole blocks of consecutive rows take the in-place GEMM path (no gather, no
+// scatter) of forward, input_grad and weight_grad, next to gathered blocks of the other offsets.
+// Checked against the reference and for bitwise equality across thread counts; C_in = 300 also
+// spans two of BLIS's inner panels (kc = 256) inside one in-place call.
+TYPED_TEST(ConvGatherGemmScatter, SubmanifoldCentreRunsInPlaceMatchReference) {
+  std::mt19937 gen(5);
+  for (const auto& [n, c_in, c_out] : {std::tuple{3000, 40, 24}, std::tuple{400, 300, 9}}) {
+    std::vector<int> coords = distinct_coords(n, 0, 2 * n, gen);
+    std::sort(coords.begin(), coords.end());
+    const Relation rel = line_relation(coords, coords, 5, 1);
+    const auto data = random_data<TypeParam>(rel, c_in, c_out, true, gen);
+    const std::string what = "n=" + std::to_string(n) + " C_in=" + std::to_string(c_in);
+    expect_route_matches_reference(kGatherGemmScatter, rel, data, what);
+    const auto first = run(kGatherGemmScatter, rel, data);
+    const int threads = num_threads();
+    set_num_threads(threads == 1 ? 3 : 1);
+    const auto other = run(kGatherGemmScatter, rel, data);
+    set_num_threads(threads);
+    expect_bitwise_equal(first.y, other.y, "y, other thread count, " + what);
+    expect_bitwise_equal(first.dx, other.dx, "dx, other thread count, " + what);
+    expect_bitwise_equal(first.dw, other.dw, "dw, other thread count, " + what);
+  }
+}
+
 template <class T>
 class ConvPointwiseMatmul : public ::testing::Test {};
 TYPED_TEST_SUITE(ConvPointwiseMatmul, FloatTypes, DtypeName);

@@ -17,6 +17,7 @@
 #include "backend/kernel_table.h"
 #include "lattice/core/array.h"
 #include "lattice/core/error.h"
+#include "lattice/core/threads.h"
 #include "lattice/tensor/coordinate_set.h"
 #include "lattice/tensor/relation.h"
 
@@ -137,6 +138,30 @@ void expect_consistent(const Relation& r) {
       EXPECT_EQ(bit, m[o * r.kernel_volume + k] >= 0) << "o " << o << " k " << k;
     }
   }
+
+  // The input-side grouping (what input gradients walk): in_ptr counts the edges of every input
+  // row, and within each offset the (input, output) pairs are sorted strictly by input row and
+  // are exactly that offset's edges.
+  const Relation::InputGrouping& g = r.input_grouping();
+  const auto in_ptr = values<std::int64_t>(g.in_ptr);
+  const auto kt_in = values<std::int32_t>(g.kt_in);
+  const auto kt_out = values<std::int32_t>(g.kt_out);
+  ASSERT_EQ(static_cast<std::int64_t>(in_ptr.size()), r.n_in + 1);
+  ASSERT_EQ(static_cast<std::int64_t>(kt_in.size()), r.n_edges);
+  std::vector<std::int64_t> per_input(static_cast<std::size_t>(r.n_in), 0);
+  for (const auto& [i, o, k] : edges) ++per_input[static_cast<std::size_t>(i)];
+  for (std::int64_t i = 0; i < r.n_in; ++i) EXPECT_EQ(in_ptr[i + 1] - in_ptr[i], per_input[i]) << "input " << i;
+  std::vector<Edge> by_input;
+  for (std::int64_t k = 0; k < r.kernel_volume; ++k) {
+    for (std::int64_t e = k_ptr[k]; e < k_ptr[k + 1]; ++e) {
+      if (e > k_ptr[k]) {
+        EXPECT_LT(kt_in[e - 1], kt_in[e]) << "offset " << k << " of the input grouping not sorted by input";
+      }
+      by_input.emplace_back(kt_in[e], kt_out[e], static_cast<std::int32_t>(k));
+    }
+  }
+  EXPECT_EQ(std::multiset<Edge>(by_input.begin(), by_input.end()),
+            std::multiset<Edge>(edges.begin(), edges.end()));
 }
 
 // Brute force over every (input, output) pair: the edge rule of SEMANTICS.md computed in int64.
@@ -462,6 +487,33 @@ TEST(Relation, OutputMajorAndPerOffsetGroupingAgreeOnALargeCloud) {
   auto [rel, out] = relate(x, RelationKind::forward, spec_of(cube(3), cube(2)));
   EXPECT_GE(rel->n_edges, 5000);  // every input has at least its floor_div parent
   expect_consistent(*rel);
+}
+
+// Large enough (> 2^15 edges) for the parallel passes of relation building and of the
+// input-side grouping (counting sort over fixed chunks of input rows): the arrays must be the
+// same for one thread and for three, and consistent (sorted, complete) for both.
+TEST(Relation, LargeSubmanifoldRelationIsThreadCountIndependent) {
+  const int threads = num_threads();
+  auto build = [](int t) {
+    set_num_threads(t);
+    std::mt19937 rng(21);
+    auto x = make_set(random_cloud(rng, 20000, 2, 20));
+    auto [rel, out] = relate(x, RelationKind::submanifold, spec_of(cube(3)));
+    rel->input_grouping();
+    return rel;
+  };
+  const auto one = build(1);
+  const auto three = build(3);
+  set_num_threads(threads);
+  EXPECT_GE(one->n_edges, std::int64_t{1} << 15);
+  expect_consistent(*one);
+  expect_consistent(*three);
+  EXPECT_EQ(edges_of(*one), edges_of(*three));
+  for (const auto& [a, b] : {std::pair{&one->input_grouping().kt_in, &three->input_grouping().kt_in},
+                             std::pair{&one->input_grouping().kt_out, &three->input_grouping().kt_out},
+                             std::pair{&one->k_in, &three->k_in}, std::pair{&one->k_out, &three->k_out}}) {
+    EXPECT_EQ(values<std::int32_t>(*a), values<std::int32_t>(*b));
+  }
 }
 
 TEST(Relation, GemmMapAndRowMasksSpanTwoWordsForK125) {

@@ -18,6 +18,7 @@
 #include <blis.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -88,6 +89,21 @@ const Accum<T>* as_accum(const T* src, std::int64_t count, std::vector<Accum<T>>
   }
 }
 
+// w (K, c_in, c_out) of storage type T into `out` (K, c_out, c_in) in Accum<T>: every W[k]
+// transposed into contiguous rows (exact: a copy, widened for f16/bf16).
+template <class T>
+void transpose_weights(const T* w, std::int64_t K, std::int64_t c_in, std::int64_t c_out,
+                       std::vector<Accum<T>>& out) {
+  out.resize(static_cast<std::size_t>(K * c_in * c_out));
+  Accum<T>* dst = out.data();
+  for (std::int64_t k = 0; k < K; ++k) {
+    const T* src = w + k * c_in * c_out;
+    Accum<T>* d = dst + k * c_in * c_out;
+    for (std::int64_t ci = 0; ci < c_in; ++ci)
+      for (std::int64_t co = 0; co < c_out; ++co) d[co * c_in + ci] = load(src[ci * c_out + co]);
+  }
+}
+
 // Where an output of `count` elements accumulates: the output itself for f32/f64, otherwise
 // `storage` (rounded into the output later by store_all).
 template <class T>
@@ -121,6 +137,17 @@ void fill_rows(Accum<T>* dst, std::int64_t rows, std::int64_t cols, const T* bia
   }
 }
 
+// True when rows[0, m) are consecutive row numbers (rows[j] == rows[0] + j): a block that can
+// be read or written in place, without a gathered copy.
+inline bool consecutive(const std::int32_t* rows, std::int64_t m) {
+  if (m <= 0) return false;
+  if (std::int64_t{rows[m - 1]} - rows[0] != m - 1) return false;
+  for (std::int64_t j = 1; j < m; ++j) {
+    if (rows[j] != rows[j - 1] + 1) return false;
+  }
+  return true;
+}
+
 // Per-thread scratch of the blocked kernels.
 template <class A>
 struct Scratch {
@@ -142,6 +169,19 @@ void gemm_rows(const T* src, std::int64_t c_src, const std::int32_t* src_rows,
   const std::int64_t m = r1 - r0;
   if (m <= 0) return;
   const A* a = nullptr;
+  if constexpr (kStorageIsAccum<T>) {
+    // Consecutive source and destination rows (the centre offset of a submanifold kernel, whose
+    // edges are (o, o), or any run of them): multiply in place, no gather, no scatter. For
+    // c_src up to BLIS's inner panel depth this is the gathered path's one add of the product
+    // per element; deeper products are added panel by panel (other rounding, equally fixed:
+    // the choice depends on the row numbers only).
+    if (src_rows != nullptr && dst_rows != nullptr && consecutive(src_rows + r0, m) &&
+        consecutive(dst_rows + r0, m)) {
+      gemm<A>(m, c_dst, c_src, reinterpret_cast<const A*>(src) + std::int64_t{src_rows[r0]} * c_src, c_src, 1, w,
+              rsw, csw, A{1}, acc + std::int64_t{dst_rows[r0]} * c_dst, c_dst, 1);
+      return;
+    }
+  }
   if (src_rows == nullptr && kStorageIsAccum<T>) {
     a = reinterpret_cast<const A*>(src) + r0 * c_src;
   } else {
@@ -167,6 +207,17 @@ void gemm_rows(const T* src, std::int64_t c_src, const std::int32_t* src_rows,
   }
 }
 
+// Edges per weight-gradient GEMM (its inner dimension): kRowBlock for C >= 128, longer for
+// narrow channels so that a call does enough work to amortise BLIS's per-call packing and set-up
+// (a 32 x 32 x 256 call is 0.5 MFLOP); the gathered blocks stay <= 256 KiB. Depends only on the
+// channel counts, so the summation order is the same for any thread count.
+inline std::int64_t weight_grad_edge_block(std::int64_t c_x, std::int64_t c_dy) {
+  const std::int64_t width = std::max<std::int64_t>(c_x + c_dy, 1);
+  // a multiple of kRowBlock (BLIS's inner panel depth): a 341-edge block ran as 256 + 85.
+  const auto blocks = static_cast<std::uint64_t>(std::max<std::int64_t>((std::int64_t{1} << 16) / width / kRowBlock, 1));
+  return kRowBlock * static_cast<std::int64_t>(std::min<std::uint64_t>(std::bit_floor(blocks), 8));
+}
+
 // dW(c_x, c_dy) (+)= gather(x)^T @ gather(dy) over edge rows [0, n), columns [c0, c1) of x only,
 // accumulated block by block in a fixed order (deterministic). x rows via x_rows, dy rows via
 // dy_rows (null = identity). dw_rows points at row c0 of the (c_x, c_dy) accumulator.
@@ -176,11 +227,27 @@ void weight_grad_rows(const T* x, std::int64_t c_x, const std::int32_t* x_rows, 
                       std::int64_t c0, std::int64_t c1, Accum<T>* dw_rows, Scratch<Accum<T>>& s) {
   using A = Accum<T>;
   const std::int64_t cw = c1 - c0;
-  s.src.resize(static_cast<std::size_t>(kRowBlock * cw));
-  s.dst.resize(static_cast<std::size_t>(kRowBlock * c_dy));
+  if (x_rows == nullptr && dy_rows == nullptr && kStorageIsAccum<T>) {
+    // contiguous rows (pointwise on the identity relation): one GEMM straight from the
+    // features, x read transposed through its strides, no gathered copies.
+    gemm<A>(cw, c_dy, n, reinterpret_cast<const A*>(x) + c0, 1, c_x, reinterpret_cast<const A*>(dy),
+            c_dy, 1, A{0}, dw_rows, c_dy, 1);
+    return;
+  }
+  const std::int64_t block = weight_grad_edge_block(cw, c_dy);
+  s.src.resize(static_cast<std::size_t>(block * cw));
+  s.dst.resize(static_cast<std::size_t>(block * c_dy));
   std::fill_n(dw_rows, cw * c_dy, A{0});
-  for (std::int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
-    const std::int64_t m = std::min(kRowBlock, n - r0);
+  for (std::int64_t r0 = 0; r0 < n; r0 += block) {
+    const std::int64_t m = std::min(block, n - r0);
+    if constexpr (kStorageIsAccum<T>) {
+      if (x_rows != nullptr && dy_rows != nullptr && consecutive(x_rows + r0, m) && consecutive(dy_rows + r0, m)) {
+        // consecutive rows on both sides (a submanifold kernel's centre): read them in place
+        gemm<A>(cw, c_dy, m, reinterpret_cast<const A*>(x) + std::int64_t{x_rows[r0]} * c_x + c0, 1, c_x,
+                reinterpret_cast<const A*>(dy) + std::int64_t{dy_rows[r0]} * c_dy, c_dy, 1, A{1}, dw_rows, c_dy, 1);
+        continue;
+      }
+    }
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t xr = x_rows ? std::int64_t{x_rows[r0 + r]} : r0 + r;
       const std::int64_t dr = dy_rows ? std::int64_t{dy_rows[r0 + r]} : r0 + r;

@@ -5,8 +5,11 @@
 // kChunkEdges edges, spread over lattice's OpenMP threads; a chunk's thread walks the offsets k
 // in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
 // runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
-// rows it owns. Input gradient needs the input-side views (in_ptr, kt_in, kt_out). Weight gradient:
-// one work item per (offset, C_in column block), each summed over its edges block by block.
+// rows it owns; a block whose source and destination rows are both consecutive (a submanifold
+// kernel's centre offset) is multiplied in place instead (f32/f64). Input gradient needs the
+// input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
+// gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
+// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out).
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
 //   x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null, y (n_out, C_out),
@@ -19,8 +22,9 @@
 // output row (input row for input_grad) occurs at most once, so the parallel scatter has no
 // races and no atomics. The RelationView guarantees one edge per (o, k); input_grad also relies
 // on one edge per (i, k), which every relation rule in SEMANTICS.md satisfies (for a given
-// input and offset the rule determines the output coordinate). The blocking does not depend
-// on the thread count, so results are identical for any number of threads.
+// input and offset the rule determines the output coordinate). The blocking, the in-place
+// choice and the weight-gradient item order depend only on the data, never on the thread count
+// or the schedule, so results are identical for any number of threads.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -122,14 +126,17 @@ void input_grad(const ConvArgs& a) {
   auto* dx = static_cast<T*>(a.dx);
   A* acc = detail::accum_target(dx, rel.n_in * a.c_in, acc_buf);
   detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
-  const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
-  // W[k]^T (C_out, C_in): row stride 1, column stride C_out over the (C_in, C_out) storage.
   if (rel.n_edges > 0) {
     LATTICE_ASSERT(rel.in_ptr && rel.kt_in && rel.kt_out,
                    "conv gather_gemm_scatter input_grad: input-side views (in_ptr, kt_in, kt_out) are null");
+    // W[k]^T (C_out, C_in), transposed once into contiguous rows (K * C_in * C_out elements,
+    // small next to the edges): read through strides (column stride C_out), BLIS re-packed every
+    // per-(chunk, offset) GEMM's B from a transposed view, which made this pass 8-30% slower than
+    // the forward on the same relation (issue 17, docs/performance.md).
+    detail::transpose_weights(static_cast<const T*>(a.w), rel.kernel_volume, a.c_in, a.c_out, w_buf);
     accumulate_by_destination<T>(rel, rel.in_ptr, rel.n_in, rel.kt_in, rel.kt_out,
-                                 static_cast<const T*>(a.dy), a.c_out, w, 1, a.c_out, a.c_in, acc,
-                                 a.c_in, a.c_out);
+                                 static_cast<const T*>(a.dy), a.c_out, w_buf.data(), a.c_in, 1, a.c_in,
+                                 acc, a.c_in, a.c_out);
   }
   detail::store_all(acc, rel.n_in * a.c_in, dx);
 }
@@ -149,11 +156,25 @@ void weight_grad(const ConvArgs& a) {
   const std::int64_t col_blocks = (a.c_in + cb - 1) / cb;
   const std::int64_t items = rel.kernel_volume * col_blocks;
   const int threads = detail::threads_for(rel.n_edges * a.c_in * a.c_out);
+  // Largest items first on a dynamic schedule (longest-processing-time order): the offsets'
+  // edge counts differ (the centre of a submanifold kernel has one edge per row, the corners
+  // few), and a static split of ~27 items over the threads left one thread with up to 1.3x the
+  // other's edges. The order is data-only and every item is still summed by one thread in a
+  // fixed order, so the result does not depend on the thread count or the schedule.
+  std::vector<std::int64_t> order(static_cast<std::size_t>(items));
+  for (std::int64_t i = 0; i < items; ++i) order[static_cast<std::size_t>(i)] = i;
+  if (rel.n_edges > 0) {
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t l, std::int64_t r) {
+      const std::int64_t kl = l / col_blocks, kr = r / col_blocks;
+      return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
+    });
+  }
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;
-#pragma omp for schedule(static)
-    for (std::int64_t item = 0; item < items; ++item) {
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t slot = 0; slot < items; ++slot) {
+      const std::int64_t item = order[static_cast<std::size_t>(slot)];
       const std::int64_t k = item / col_blocks;
       const std::int64_t c0 = (item % col_blocks) * cb;
       const std::int64_t c1 = std::min(a.c_in, c0 + cb);
