@@ -74,6 +74,19 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+# TorchSparse 2.1 imports two small packages its computation never uses (rootpath, the backport
+# of functools.cached_property); stand-ins where they are not installed, as the bench scripts do.
+import functools  # noqa: E402
+import types  # noqa: E402
+
+sys.modules.setdefault("rootpath", types.ModuleType("rootpath"))
+if "backports.cached_property" not in sys.modules:
+    _bp, _cp = types.ModuleType("backports"), types.ModuleType("backports.cached_property")
+    _cp.cached_property = functools.cached_property  # type: ignore[attr-defined]
+    _bp.cached_property = _cp  # type: ignore[attr-defined]
+    sys.modules.setdefault("backports", _bp)
+    sys.modules.setdefault("backports.cached_property", _cp)
+
 try:  # absent where only --write-points runs
     import torchsparse
     import torchsparse.nn as spnn

@@ -87,7 +87,11 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
 
 def backend_info() -> str:
     """Build flags, CPU threads/ISA/BLAS and the CUDA status and tier, as text."""
-    return core.backend_info() + f"  torch: {torch.__version__}\n"
+    from . import _host_memory
+
+    heap = ("keeps freed large blocks (set at import; LATTICE_HOST_MALLOC=default turns it off)"
+            if _host_memory.host_malloc_tuned() else "glibc defaults")
+    return core.backend_info() + f"  torch: {torch.__version__}\n  host heap: {heap}\n"
 
 
 def device_caps() -> dict:
