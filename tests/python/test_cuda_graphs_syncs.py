@@ -68,7 +68,7 @@ def test_cached_forward_backward_waits_for_the_device_zero_times() -> None:
 
 def test_fresh_tensor_syncs_are_bounded_per_relation() -> None:
     """A fresh SparseTensor builds its relations; documented bound: a few read-backs per relation
-    (counts and sizes the host needs to allocate outputs). Guards against regressions that add
+    (counts and sizes the host needs to allocate outputs; 40 for this network). Guards against regressions that add
     syncs per layer rather than per relation."""
     model = _model().eval()
     x = _scene(seed=8)
@@ -81,7 +81,7 @@ def test_fresh_tensor_syncs_are_bounded_per_relation() -> None:
         torch.cuda.synchronize()
     syncs = lattice.cuda.host_syncs() - before
     print(f"host syncs for a fresh MinkUNet18 forward: {syncs}")
-    assert syncs <= 64, f"{syncs} host syncs for one fresh forward"
+    assert syncs <= 44, f"{syncs} host syncs for one fresh forward (40 measured on the H200, 2026-12-01)"
 
 
 def test_warm_inference_makes_no_allocator_driver_calls() -> None:
