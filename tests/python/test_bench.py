@@ -140,3 +140,28 @@ def test_bench_line_and_block_families_have_exact_n_and_unique_rows():
         c = workloads.coords(name)
         assert c.shape == (n, 4) and c.dtype == np.int32
         assert len(np.unique(c, axis=0)) == n
+
+
+def test_large_case_checks_sampled_rows_and_records_peak_memory() -> None:
+    """The issue-18 large-input case (10M points in the full preset) at a CI size: its independent
+    float64 check of sampled rows passes on a correct conv and it records the peak memory."""
+    ctx = cases.Context(device="cpu", dtype=__import__("torch").float32, repeats=1)
+    r = cases.large_case(300_000, 4).run(ctx)
+    assert r["correct"] and r["checked_rows"] == 4096 and r["max_rel_err"] <= r["tolerance"]
+    assert r["pairs"] > r["n_in"] > 200_000 and r["peak_rss_bytes"] >= r["peak_rss_bytes_before"] > 0
+    assert "large/subm3/surface_10m/C8" in {c.name for c in cases.build_cases(cases.Selection(preset="full"))}
+
+
+def test_large_case_fails_on_a_wrong_convolution(monkeypatch) -> None:
+    """The check can fail: a conv that drops the centre offset's contribution is caught."""
+    real = cases.ops.subm_conv3d
+
+    def wrong(x, w, *a, **k):
+        w = w.clone()
+        w[:, 1, 1, 1, :] = 0
+        return real(x, w, *a, **k)
+
+    monkeypatch.setattr(cases.ops, "subm_conv3d", wrong)
+    ctx = cases.Context(device="cpu", dtype=__import__("torch").float32, repeats=1)
+    with pytest.raises(AssertionError, match="sampled rows differ"):
+        cases.large_case(100_000, 4).run(ctx)

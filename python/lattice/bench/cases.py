@@ -753,6 +753,93 @@ def quantized_network_case(workload: str) -> Case:
 
 # -- presets ----------------------------------------------------------------------------------------
 
+# -- large inputs (issue 18): correct results and peak memory past the sizes the other cases use --
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def _surface_points(n: int, seed: int) -> np.ndarray:
+    """``n`` points on a gently curved ground surface (a street scan's dominant structure) over
+    300 m x 300 m, so voxels have the few in-plane neighbours real scans have: float32 (n, 3)."""
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(0.0, 300.0, size=(n, 2))
+    z = 0.5 * np.sin(xy[:, 0] / 17.0) + 0.3 * np.cos(xy[:, 1] / 11.0) + rng.normal(0.0, 0.03, n)
+    return np.concatenate([xy, z[:, None] + 2.0], axis=1).astype(np.float32)
+
+
+def large_case(n_points: int, channels: int = 8, voxel: float = 0.1) -> Case:
+    """A scan of ``n_points`` points voxelized at ``voxel`` and one subm3 convolution at
+    ``channels`` (CPU: 10M points gives ~6M voxels and ~50M edges). Checks 4096 sampled output
+    rows against a float64 evaluation from the coordinates (numpy, searchsorted over packed keys:
+    independent of lattice's hash), and records the process's peak resident memory before and after
+    (``peak_rss_bytes``; on CUDA also torch's and lattice's allocator peaks)."""
+    name = f"large/subm3/surface_{workloads.format_count(n_points)}/C{channels}"
+
+    def run(ctx: Context) -> dict:
+        dev = torch.device(ctx.device)
+        rss0 = _peak_rss_bytes()
+        pts = torch.from_numpy(_surface_points(n_points, ctx.seed + 5))
+        coords = torch.floor(pts / voxel).to(torch.int32)
+        coords = torch.cat([torch.zeros(len(coords), 1, dtype=torch.int32), coords], 1)
+        coords = torch.unique(coords, dim=0)  # sorted rows: (batch, x, y, z)
+        n = len(coords)
+        feats = torch.randn(n, channels, generator=ctx.generator(1)).to(ctx.dtype)
+        w = (torch.randn(channels, 3, 3, 3, channels, generator=ctx.generator(2)) / 27 ** 0.5).to(ctx.dtype)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        x = lattice.SparseTensor(coords.to(dev), feats.to(dev))
+        wd = w.to(dev)
+        with torch.no_grad():
+            timing = ctx.time(lambda _: ops.subm_conv3d(x, wd), repeats=3)
+            y = ops.subm_conv3d(x, wd).feats.double().cpu()
+        p = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, wd)
+        n_edges = int(p.relation.n_edges)
+        # independent check of sampled rows: packed keys, sorted, searchsorted for each neighbour
+        c = coords.numpy().astype(np.int64)
+        lo = c[:, 1:].min(0) - 1
+        ext = c[:, 1:].max(0) - lo + 2
+        key = lambda q: ((q[..., 0] - lo[0]) * ext[1] + (q[..., 1] - lo[1])) * ext[2] + (q[..., 2] - lo[2])
+        keys = key(c[:, 1:])
+        assert np.all(np.diff(keys) > 0), "unique sorted rows give increasing keys"
+        rows = np.random.default_rng(ctx.seed + 9).choice(n, size=min(4096, n), replace=False)
+        offs = np.array([(a, b, d) for a in (-1, 0, 1) for b in (-1, 0, 1) for d in (-1, 0, 1)])  # z fastest
+        q = c[rows][:, None, 1:] + offs[None]
+        qk = key(q)
+        pos = np.searchsorted(keys, qk)
+        pos = np.minimum(pos, n - 1)
+        hit = keys[pos] == qk
+        x64 = feats.double().numpy()
+        w64 = w.double().permute(1, 2, 3, 4, 0).reshape(27, channels, channels).numpy()
+        want = np.zeros((len(rows), channels))
+        for k in range(27):
+            m = hit[:, k]
+            want[m] += x64[pos[m, k]] @ w64[k]
+        got = y.numpy()[rows]
+        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        tol = {"float32": 1e-5, "float64": 1e-12}.get(ctx.dtype_name, 1e-2)
+        res: dict[str, Any] = {
+            "op": "subm_conv3d", "n_points": n_points, "n_in": n, "n_out": n, "pairs": n_edges,
+            "avg_offsets": n_edges / max(n, 1), "channels": channels, "voxel_size": voxel,
+            "route": lattice.explain("subm_conv3d", x, wd).chosen,
+            "timings": {"hot": timing},
+            "checked_rows": len(rows), "max_rel_err": err, "tolerance": tol, "correct": err <= tol,
+            "peak_rss_bytes": _peak_rss_bytes(), "peak_rss_bytes_before": rss0,
+        }
+        if dev.type == "cuda":
+            res["cuda_torch_peak_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+            res["cuda_lattice_live_bytes"] = int(lattice.cuda.memory_stats()["live_bytes"])
+        res["rates"] = {}
+        if not res["correct"]:
+            raise AssertionError(f"{name}: sampled rows differ from the float64 evaluation: {err} > {tol}")
+        return res
+
+    return Case(name, "large", run, "surface")
+
+
 CONV_TAGS = ("subm3", "k2s2", "k3s2", "tr_k2s2", "gen_k2s2", "pw")
 
 
@@ -845,6 +932,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
         if not cuda:
             specs += [("quantized_conv", _network_workloads(1), c) for c in (32, 64, 128)]
             specs.append(("quantized_network", _network_workloads(1)))
+        specs.append(("large", 10_000_000, 8))  # issue 18: a 10M-point scan, result and peak memory
     else:
         raise ValueError(f"[bench] preset: expected smoke, standard, full or gpu, got {sel.preset!r}")
     return specs
@@ -889,6 +977,9 @@ def build_cases(sel: Selection) -> list[Case]:
                 cases.setdefault(cs.name, cs)
         elif kind == "quantized_network":
             cs = quantized_network_case(spec[1])
+            cases.setdefault(cs.name, cs)
+        elif kind == "large":
+            cs = large_case(spec[1], spec[2])
             cases.setdefault(cs.name, cs)
     out = list(cases.values())
     if sel.case_filter:

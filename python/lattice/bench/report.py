@@ -34,7 +34,7 @@ SCHEMA = 1
 
 # The timing shown in the chart for each group (the case's headline number).
 PRIMARY = {"conv": "hot", "relations": "map_cold", "point_voxel": "quantize", "networks": "inference",
-           "pooling": "hot", "algebra": "op", "quantized": "int4"}
+           "pooling": "hot", "algebra": "op", "quantized": "int4", "large": "hot"}
 
 
 # -- environment ------------------------------------------------------------------------------------
