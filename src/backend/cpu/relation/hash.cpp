@@ -259,7 +259,8 @@ bool mirrors_itself(const DeviceEdgeArgs& args, const std::vector<Offset>& offse
   if (args.output.dim(0) != n) return false;
   const void* in = args.input.data<std::int32_t>();
   const void* out = args.output.data<std::int32_t>();
-  return in == out || std::memcmp(in, out, static_cast<std::size_t>(n) * sizeof(Coord4)) == 0;
+  // n == 0 first: memcmp of zero bytes with a null pointer (an empty array) is undefined
+  return n == 0 || in == out || std::memcmp(in, out, static_cast<std::size_t>(n) * sizeof(Coord4)) == 0;
 }
 
 // The (n, K) map of a relation for which mirrors_itself holds, bitwise the one the general
