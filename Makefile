@@ -59,7 +59,9 @@ test: test-cpp test-python
 # preloaded into the interpreter and the sanitized extension loaded through LATTICE_EXTENSION_DIR
 # (the tree's own python/lattice/_lattice*.so is never replaced); libstdc++ is preloaded with it,
 # since ASan resolves its __cxa_throw interceptor at start-up and python3 itself does not link
-# libstdc++ (without it the first C++ exception aborts). Any report fails the target.
+# libstdc++ (without it the first C++ exception aborts). Any report fails the target; pytest
+# captures at the sys level only (--capture=sys), so a sanitizer's report on fd 2 reaches the log
+# (fd capture swallowed it when the report ended the process).
 SANITIZE_BUILD ?= build-sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 SANITIZE_PYTESTS ?= tests/python/test_hardening.py tests/python/test_hardening_sweep.py \
@@ -87,7 +89,7 @@ test-sanitize: sanitize-build
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -E '^install_consumer$$'
 	$(SANITIZE_ENV) LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
 	  LATTICE_EXTENSION_DIR=$(CURDIR)/$(SANITIZE_BUILD)/python PYTHONPATH=$(CURDIR)/python \
-	  $(PYTHON) -m pytest -q -p no:cacheprovider $(SANITIZE_PYTESTS)
+	  $(PYTHON) -m pytest -q -p no:cacheprovider --capture=sys $(SANITIZE_PYTESTS)
 
 bench: build
 	$(PYTHON) -m lattice.bench $(ARGS)
