@@ -57,7 +57,17 @@ void bind_core(py::module_& m) {
         return d;
       }, "Edge list (output-major) and views, as DLPack capsules.")
       .def("gemm_map", [](const Relation& r) { return capsule_from_array(r.gemm_map()); })
-      .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); });
+      .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); })
+      .def("input_gemm_map", [](const Relation& r) { return capsule_from_array(r.input_gemm_map()); })
+      // Rows in mask order (int32), or None for kernel volumes above 64.
+      .def("gemm_order", [](const Relation& r) -> py::object {
+        const Array& a = r.gemm_order();
+        return a.defined() ? py::object(capsule_from_array(a)) : py::object(py::none());
+      })
+      .def("input_gemm_order", [](const Relation& r) -> py::object {
+        const Array& a = r.input_gemm_order();
+        return a.defined() ? py::object(capsule_from_array(a)) : py::object(py::none());
+      });
 
   m.def("set_current_stream", [](int device_index, std::uintptr_t stream) {
     set_current_stream(Device::cuda(device_index), stream);

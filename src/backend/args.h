@@ -44,6 +44,11 @@ struct RelationView {
   // The input-side (n_in, K) map (output row reached from input i through offset k, or -1), for
   // the input-gradient pass of implicit-GEMM routes; null: the route builds it per call.
   const std::int32_t* input_gemm_map = nullptr;
+  // The order tiles take the rows of gemm_map / input_gemm_map in (int32 (n_out) / (n_in), rows
+  // sorted by offset mask), or null: rows in index order. Results do not depend on it beyond the
+  // sign of exact zeros (a row's sum visits its own offsets in ascending order either way).
+  const std::int32_t* gemm_order = nullptr;
+  const std::int32_t* input_gemm_order = nullptr;
   // k_ptr on the host (K + 1 int64), for host loops over offsets (per-offset GEMM launches):
   // read back from the device once per relation, on first request, and kept with the relation.
   // Null when the caller attached none (routes then read k_ptr back themselves).

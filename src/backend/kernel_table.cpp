@@ -173,12 +173,12 @@ const RelationKernels* find_relation_kernels(RouteId id) {
       cpu::relation_cpu_hash_build_table, cpu::relation_cpu_hash_find_duplicate,
       cpu::relation_cpu_hash_batch_histogram, cpu::relation_cpu_hash_support, cpu::relation_cpu_hash_edges,
       cpu::relation_cpu_hash_row_masks, cpu::relation_cpu_hash_input_grouping, cpu::relation_cpu_hash_transpose,
-      cpu::relation_cpu_hash_input_map};
+      cpu::relation_cpu_hash_input_map, cpu::relation_cpu_hash_row_order};
 #if LATTICE_HAS_CUDA
   static const RelationKernels cuda_hash{
       cuda::device_build_table, cuda::device_find_duplicate, cuda::device_batch_histogram,
       cuda::device_support, cuda::device_edges, cuda::device_row_masks,
-      cuda::device_input_grouping, cuda::device_transpose, cuda::device_input_map};
+      cuda::device_input_grouping, cuda::device_transpose, cuda::device_input_map, cuda::device_row_order};
   if (id == RouteId::relation_cuda_hash) return &cuda_hash;
 #endif
   return id == RouteId::relation_cpu_hash ? &cpu_hash : nullptr;

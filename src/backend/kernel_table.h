@@ -114,6 +114,10 @@ struct RelationKernels {
   DeviceEdges (*transpose)(const DeviceTransposeArgs&) = nullptr;
   // The input-side (R.n_in, K) map of R (args as for transpose): the transpose's gemm map alone.
   Array (*input_map)(const DeviceTransposeArgs&) = nullptr;
+  // (n, K) int32 map -> (n) int32: the rows stably sorted by their offset mask (bit k set iff
+  // map[row, k] >= 0, compared as an unsigned integer), so that consecutive rows share offsets;
+  // undefined when K > 64 (no order: implicit-GEMM tiles then take rows in index order).
+  Array (*row_order)(const Array& map) = nullptr;
 };
 // nullptr when the route has no kernels in this build.
 const RelationKernels* find_relation_kernels(RouteId id);

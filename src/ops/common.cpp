@@ -135,6 +135,8 @@ backend::RelationView relation_view(const Relation& r, ConvPass pass) {
   v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
   if (pass == ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
     v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
+    const Array& order = r.input_gemm_order();
+    if (order.defined()) v.input_gemm_order = order.data<std::int32_t>();
   }
   if (pass == ConvPass::input_grad) {
     const Relation::InputGrouping& g = r.input_grouping();
@@ -144,7 +146,11 @@ backend::RelationView relation_view(const Relation& r, ConvPass pass) {
   }
   if (pass != ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
     const Array& map = r.gemm_map();
-    if (map.defined() && map.device() == r.in_idx.device()) v.gemm_map = map.data<std::int32_t>();
+    if (map.defined() && map.device() == r.in_idx.device()) {
+      v.gemm_map = map.data<std::int32_t>();
+      const Array& order = r.gemm_order();
+      if (order.defined()) v.gemm_order = order.data<std::int32_t>();
+    }
   }
   return v;
 }

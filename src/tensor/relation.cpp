@@ -334,6 +334,22 @@ const Array& Relation::input_gemm_map() const {
   return input_gemm_map_;
 }
 
+const Array& Relation::gemm_order() const {
+  std::call_once(order_once_, [this] {
+    const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "gemm_order"));
+    if (kernels.row_order) gemm_order_ = kernels.row_order(gemm_map());
+  });
+  return gemm_order_;
+}
+
+const Array& Relation::input_gemm_order() const {
+  std::call_once(input_order_once_, [this] {
+    const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "input_gemm_order"));
+    if (kernels.row_order) input_gemm_order_ = kernels.row_order(input_gemm_map());
+  });
+  return input_gemm_order_;
+}
+
 const std::vector<std::int64_t>& Relation::host_k_ptr() const {
   std::call_once(host_k_ptr_once_, [this] {
     const Array h = k_ptr.device().is_cpu() ? k_ptr : k_ptr.to(Device::cpu());

@@ -566,13 +566,19 @@ def test_conv_parity_edges(edge, geom, route):
 
 
 def _relation_arrays(p: Any) -> dict[str, torch.Tensor]:
-    """Every array of a plan's relation, its output coordinates and both lazily built views (the
-    N_out x K gemm map and the row masks); an error building a view fails the test."""
+    """Every array of a plan's relation, its output coordinates and the lazily built views (the
+    N_out x K gemm map, the row masks, the input-side map and both mask orders of the rows, which
+    the implicit-GEMM tiles follow); an error building a view fails the test."""
     rel = p.relation
     out = {k: lattice._core.from_core(v) for k, v in rel.arrays().items()}
     out["out_coords"] = lattice._core.from_core(p.output.coords())
     out["gemm_map"] = lattice._core.from_core(rel.gemm_map())
     out["row_masks"] = lattice._core.from_core(rel.row_masks())
+    out["input_gemm_map"] = lattice._core.from_core(rel.input_gemm_map())
+    for name in ("gemm_order", "input_gemm_order"):
+        order = getattr(rel, name)()
+        assert (order is None) == (rel.kernel_volume > 64), f"{name} defined iff K <= 64"
+        out[name] = torch.zeros(0) if order is None else lattice._core.from_core(order)
     return out
 
 
@@ -581,7 +587,8 @@ def _relation_arrays(p: Any) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("geom", pick(list(CONV_GEOMS), ["subm3", "k2s2", "tr_k2s2_target"]))
 def test_relation_arrays_identical_across_devices(geom, name):
     """The relation built on the GPU equals the CPU one bitwise: the edge list, both groupings, the
-    output coordinates, the gemm map and the row masks (all ten arrays, each on its device)."""
+    output coordinates, the gemm map, the row masks, the input-side map and the two row orders
+    (all thirteen arrays, each on its device)."""
     ci = ConvInputs(geom, name, torch.float32, 4, 4)
     kw_cpu, kw_cuda = ci.kwargs("cpu", None), ci.kwargs("cuda", None)
     p_cpu = ops.conv.plan(ci.op, ci.kind, ci.x_cpu, ci.w, **kw_cpu)
@@ -590,8 +597,10 @@ def test_relation_arrays_identical_across_devices(geom, name):
     a, b = _relation_arrays(p_cpu), _relation_arrays(p_cuda)
     assert p_cpu.relation.n_edges == p_cuda.relation.n_edges and p_cpu.relation.n_out == p_cuda.relation.n_out
     assert p_cpu.relation.identity == p_cuda.relation.identity
-    assert sorted(a) == sorted(b) and len(a) == 10, sorted(a)
+    assert sorted(a) == sorted(b) and len(a) == 13, sorted(a)
     for k in a:
+        if b[k].numel() == 0 and k.endswith("_order"):
+            continue  # no order (K > 64) on either device, checked above
         assert b[k].device.type == "cuda", f"{geom}/{name} relation {k} on {b[k].device}"
         assert_equal(b[k], a[k], f"{geom}/{name} relation {k}")
 

@@ -58,13 +58,14 @@ import torch
 import lattice
 from lattice import nn as lnn
 from lattice._demo_data import crop_nearest, synthetic_scan, voxelize_scan
+from lattice.bench import workloads
 from lattice._demo_model import SparseUNet
 from lattice.models import MinkUNet42
 
 from lattice import _export as lx  # the module (lattice.export itself is the function)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KITTI_SCAN = "/work/shared/data/semantickitti/000000.bin"
+KITTI_SCAN = str(workloads.kitti_path() or "")  # shared/ (or LATTICE_SHARED_DIR) when present
 VOXEL = 0.1
 N_POINTS = 20000
 
@@ -262,11 +263,13 @@ def test_module_name_alias() -> None:
 
 
 def _voxel_backbone_setup(scan_bin: str) -> tuple[dict, lattice.SparseTensor, tuple[int, int, int]]:
-    """A voxelization recipe for VoxelBackBone8x (mean x, y, z, intensity per 0.1 m voxel, origin
+    """A voxelization recipe for VoxelBackBone8x (mean x, y, z, intensity per voxel, origin
     one voxel below the scan's minimum so every coordinate is >= 0), its input and its grid (the
     tightest: max + 1 per axis, so spconv's output-grid crop removes rows somewhere)."""
     pts = torch.from_numpy(np.fromfile(scan_bin, dtype=np.float32).reshape(-1, 4))
-    vs = 0.1
+    # 0.1 m on the KITTI crop; the synthetic crop (road and low objects, ~2 m of height) needs
+    # 0.05 m voxels so that the 16x z stride keeps rows to the last stage
+    vs = 0.1 if os.path.exists(KITTI_SCAN) else 0.05
     lo = torch.floor(pts[:, :3].min(0).values.double() / vs) * vs - vs
     spec = {"voxel_size": vs, "origin": [float(v) for v in lo], "reduction": "mean",
             "features": [{"source": s} for s in ("x", "y", "z", "intensity")]}

@@ -53,6 +53,12 @@ class Relation {
   // the input-gradient pass of implicit GEMM reads). Built on first use on the relation's device;
   // a transposed relation and the relation it transposes share their two maps.
   const Array& input_gemm_map() const;
+  // The order implicit-GEMM tiles take the rows of gemm_map() / input_gemm_map() in: int32 (n_out)
+  // / (n_in), the rows stably sorted by their offset mask, so that a tile's rows share offsets and
+  // the tile visits few of them. Undefined for kernel volumes above 64. Built on first use on the
+  // relation's device; a function of the map alone (the same on every device and run).
+  const Array& gemm_order() const;
+  const Array& input_gemm_order() const;
   // k_ptr on the host (K + 1 values), read back once on first use (a copy for CPU relations):
   // routes that loop over offsets on the host read this instead of synchronising every call.
   const std::vector<std::int64_t>& host_k_ptr() const;
@@ -63,8 +69,9 @@ class Relation {
 
  private:
   friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
-  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_, input_map_once_;
-  mutable Array input_gemm_map_;
+  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_, input_map_once_,
+      order_once_, input_order_once_;
+  mutable Array input_gemm_map_, gemm_order_, input_gemm_order_;
   mutable std::vector<std::int64_t> host_k_ptr_;
   mutable std::atomic<bool> host_k_ptr_ready_{false};
   mutable Array gemm_map_, row_masks_;

@@ -23,5 +23,7 @@ DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingAr
 // exactly as relation_cpu_hash_edges compacts its map (so it equals a hashed build bitwise).
 DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args);
 Array relation_cpu_hash_input_map(const DeviceTransposeArgs& args);
+// Rows of an (n, K) map stably sorted by their offset mask (K <= 64; undefined otherwise).
+Array relation_cpu_hash_row_order(const Array& map);
 
 }  // namespace lattice::backend::cpu

@@ -23,5 +23,7 @@ Array device_row_masks(const Array& map);
 DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args);
 DeviceEdges device_transpose(const DeviceTransposeArgs& args);
 Array device_input_map(const DeviceTransposeArgs& args);
+// Rows of an (n, K) map stably sorted by their offset mask (K <= 64; undefined otherwise).
+Array device_row_order(const Array& map);
 
 }  // namespace lattice::backend::cuda
