@@ -272,6 +272,29 @@ void* Array::raw_data() const {
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(size_of(dtype_));
 }
 
+Array Array::strided_view(Shape shape, Shape strides) const {
+  if (!defined()) throw ValueError("[Array] strided_view: expected a defined array, got none");
+  if (shape.size() != strides.size())
+    throw ValueError("[Array] strided_view: expected as many strides as axes, got " + std::to_string(strides.size()) +
+                     " for " + std::to_string(shape.size()));
+  const std::int64_t n = checked_numel(shape);
+  if (n > 0) {
+    std::int64_t lo = offset_, hi = offset_;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      const std::int64_t span = (shape[d] - 1) * strides[d];
+      (span < 0 ? lo : hi) += span;
+    }
+    const std::int64_t capacity = static_cast<std::int64_t>(storage_->nbytes() / size_of(dtype_));
+    if (lo < 0 || hi >= capacity)
+      throw ValueError("[Array] strided_view: expected indices inside the storage (" + std::to_string(capacity) +
+                       " elements), got " + std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  Array v = *this;
+  v.shape_ = std::move(shape);
+  v.strides_ = std::move(strides);
+  return v;
+}
+
 Array Array::contiguous() const {
   if (is_contiguous()) return *this;
   return clone();
@@ -300,11 +323,18 @@ Array Array::to(Device device) const {
 
 Array Array::clone() const {
   if (!device_.is_cpu()) {
-    if (!is_contiguous())
+    Array out = empty(shape_, dtype_, device_);
+    if (!out.nbytes()) return out;
+    const auto alloc = copy_capable_allocator(device_, device_);
+    if (is_contiguous()) {
+      alloc->copy(out.raw_data(), device_, raw_data(), device_, out.nbytes());
+      return out;
+    }
+    if (!alloc->strided_copy || shape_.size() > 8)
       throw UnsupportedError("[Array] clone: expected a contiguous " + to_string(device_) + " array, got strides " +
                              format_shape(strides_));
-    Array out = empty(shape_, dtype_, device_);
-    if (out.nbytes()) copy_capable_allocator(device_, device_)->copy(out.raw_data(), device_, raw_data(), device_, out.nbytes());
+    alloc->strided_copy(out.raw_data(), raw_data(), shape_.data(), strides_.data(), static_cast<int>(shape_.size()),
+                        size_of(dtype_), device_.index);
     return out;
   }
   Array out = empty(shape_, dtype_, device_);

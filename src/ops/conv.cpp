@@ -3,7 +3,6 @@
 #include "lattice/ops/conv.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backend/kernel_table.h"
@@ -252,40 +251,18 @@ SparseTensor generative_conv_transpose3d(const SparseTensor& x, const Array& wei
 }
 
 // ---- weight layouts ----------------------------------------------------------------------------
-
-namespace {
-
-// Byte-wise permutation copy: out[k, ci, co] = in[co, k, ci] (or the inverse), any dtype.
-void permute_copy(const Array& in, Array& out, std::int64_t c_out, std::int64_t k, std::int64_t c_in,
-                  bool to_kernel_major) {
-  const std::size_t es = size_of(in.dtype());
-  const char* src = static_cast<const char*>(in.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  for (std::int64_t co = 0; co < c_out; ++co)
-    for (std::int64_t kk = 0; kk < k; ++kk)
-      for (std::int64_t ci = 0; ci < c_in; ++ci) {
-        const std::int64_t dense = (co * k + kk) * c_in + ci;
-        const std::int64_t km = (kk * c_in + ci) * c_out + co;
-        if (to_kernel_major)
-          std::memcpy(dst + km * static_cast<std::int64_t>(es), src + dense * static_cast<std::int64_t>(es), es);
-        else
-          std::memcpy(dst + dense * static_cast<std::int64_t>(es), src + km * static_cast<std::int64_t>(es), es);
-      }
-}
-
-}  // namespace
+// Each conversion is a permutation of the axes: a strided view of the contiguous weight, gathered
+// by Array::contiguous() (on the CPU by the host, on a device by its allocator's strided copy,
+// so device weights never pass through the host).
 
 Array weight_dense_to_kernel_major(const Array& weight) {
   if (weight.ndim() != 5)
     throw_value_error("weight_dense_to_kernel_major", "weight", "(C_out, Kx, Ky, Kz, C_in)",
                       format_shape(weight.shape()));
-  // Device weights are permuted on the host (a small copy each way; no host access to device memory).
-  if (!weight.device().is_cpu()) return weight_dense_to_kernel_major(weight.to(Device::cpu())).to(weight.device());
   const Array w = weight.contiguous();
-  const std::int64_t c_out = w.dim(0), k = w.dim(1) * w.dim(2) * w.dim(3), c_in = w.dim(4);
-  Array out = Array::empty({k, c_in, c_out}, w.dtype(), w.device());
-  permute_copy(w, out, c_out, k, c_in, true);
-  return out;
+  // dense (co, k, ci) is at (co * K + k) * C_in + ci: as (K, C_in, C_out), strides (C_in, 1, K * C_in)
+  const std::int64_t co = w.dim(0), kv = w.dim(1) * w.dim(2) * w.dim(3), ci = w.dim(4);
+  return w.strided_view({kv, ci, co}, {ci, 1, kv * ci}).contiguous();
 }
 
 Array weight_kernel_major_to_dense(const Array& weight, Int3 kernel_size) {
@@ -293,32 +270,24 @@ Array weight_kernel_major_to_dense(const Array& weight, Int3 kernel_size) {
   if (weight.ndim() != 3 || weight.dim(0) != kv)
     throw_value_error("weight_kernel_major_to_dense", "weight",
                       "(K=" + std::to_string(kv) + ", C_in, C_out)", format_shape(weight.shape()));
-  if (!weight.device().is_cpu())
-    return weight_kernel_major_to_dense(weight.to(Device::cpu()), kernel_size).to(weight.device());
   const Array w = weight.contiguous();
-  const std::int64_t c_in = w.dim(1), c_out = w.dim(2);
-  Array out = Array::empty({c_out, kernel_size[0], kernel_size[1], kernel_size[2], c_in}, w.dtype(), w.device());
-  permute_copy(w, out, c_out, kv, c_in, false);
-  return out;
+  // kernel-major (k, ci, co) is at (k * C_in + ci) * C_out + co: as (C_out, K, C_in), strides
+  // (1, C_in * C_out, C_out)
+  const std::int64_t ci = w.dim(1), co = w.dim(2);
+  return w.strided_view({co, kv, ci}, {1, ci * co, co})
+      .contiguous()
+      .reshape({co, kernel_size[0], kernel_size[1], kernel_size[2], ci});
 }
 
 Array weight_spconv_to_dense(const Array& weight) {
   if (weight.ndim() != 5)
     throw_value_error("weight_spconv_to_dense", "weight", "(Kx, Ky, Kz, C_out, C_in)",
                       format_shape(weight.shape()));
-  if (!weight.device().is_cpu()) return weight_spconv_to_dense(weight.to(Device::cpu())).to(weight.device());
   const Array w = weight.contiguous();
-  const std::int64_t k = w.dim(0) * w.dim(1) * w.dim(2), c_out = w.dim(3), c_in = w.dim(4);
-  Array out = Array::empty({c_out, w.dim(0), w.dim(1), w.dim(2), c_in}, w.dtype(), w.device());
-  const std::size_t es = size_of(w.dtype());
-  const char* src = static_cast<const char*>(w.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  for (std::int64_t kk = 0; kk < k; ++kk)
-    for (std::int64_t co = 0; co < c_out; ++co)
-      std::memcpy(dst + ((co * k + kk) * c_in) * static_cast<std::int64_t>(es),
-                  src + ((kk * c_out + co) * c_in) * static_cast<std::int64_t>(es),
-                  static_cast<std::size_t>(c_in) * es);
-  return out;
+  // spconv (k, co, ci) is at (k * C_out + co) * C_in + ci: as (C_out, K, C_in), strides
+  // (C_in, C_out * C_in, 1)
+  const std::int64_t kv = w.dim(0) * w.dim(1) * w.dim(2), co = w.dim(3), ci = w.dim(4);
+  return w.strided_view({co, kv, ci}, {ci, co * ci, 1}).contiguous().reshape({co, w.dim(0), w.dim(1), w.dim(2), ci});
 }
 
 }  // namespace lattice::ops

@@ -681,5 +681,36 @@ TEST(CudaRelations, PoolOnEmptyInputsAndTargetsMatchesCpu) {
   }
 }
 
+
+// Strided device arrays are gathered on the device (the allocator's strided_copy): every element
+// size, a permutation with a non-unit last stride, and a sub-grid; the CPU gather is the oracle.
+// No host synchronisation beyond the final read-back.
+TEST(CudaArrays, StridedCloneGathersOnTheDeviceLikeTheCpu) {
+  LATTICE_REQUIRE_CUDA();
+  for (Dtype dt : {Dtype::u8, Dtype::f16, Dtype::f32, Dtype::i64}) {
+    const std::int64_t es = static_cast<std::int64_t>(size_of(dt));
+    Array host = Array::empty({2, 3, 5, 7}, dt);
+    auto* bytes = static_cast<std::uint8_t*>(host.raw_data());
+    for (std::int64_t b = 0; b < host.numel() * es; ++b) bytes[b] = static_cast<std::uint8_t>((b * 37 + 11) & 0xff);
+    const Array dev = host.to(kGpu);
+    const std::vector<std::pair<Shape, Shape>> views = {
+        {{7, 5, 3, 2}, {1, 7, 35, 105}},  // all axes reversed
+        {{3, 7, 2}, {35, 1, 105}},       // a permutation of a sub-block (the weight layouts' kind)
+        {{2, 2, 3, 4}, {105, 70, 14, 2}},  // every other row / column
+    };
+    for (const auto& [shape, strides] : views) {
+      const Array want = host.strided_view(shape, strides).contiguous();
+      const std::int64_t before = device_memory_stats(DeviceType::cuda).host_syncs;
+      const Array got_dev = dev.strided_view(shape, strides).contiguous();
+      EXPECT_EQ(device_memory_stats(DeviceType::cuda).host_syncs, before) << "gathered through the host";
+      EXPECT_TRUE(got_dev.is_contiguous());
+      EXPECT_EQ(got_dev.device(), kGpu);
+      const Array got = got_dev.to(Device::cpu());
+      ASSERT_EQ(got.shape(), want.shape());
+      EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << to_string(dt);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lattice

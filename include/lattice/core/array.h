@@ -61,6 +61,12 @@ struct DeviceAllocator {
   // Contiguous byte copy between host and device or within the device, ordered on the current
   // stream of the device involved; a copy to the host returns when the bytes have arrived.
   std::function<void(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes)> copy;
+  // Gather of a strided array into contiguous row-major storage on the same device (shape and
+  // strides in elements, `ndim` <= 8 axes, `esize` bytes per element), ordered on the current
+  // stream of the device; optional (without it strided device arrays cannot be copied).
+  std::function<void(void* dst, const void* src, const std::int64_t* shape, const std::int64_t* strides, int ndim,
+                     std::size_t esize, int device_index)>
+      strided_copy;
   // Counters (optional; all zero when absent) and a cache flush (optional).
   std::function<DeviceMemoryStats()> stats;
   std::function<void()> empty_cache;
@@ -108,11 +114,14 @@ class Array {
     return static_cast<T*>(raw_data());
   }
 
-  // Same contents, contiguous row-major (returns *this when already contiguous). A strided CUDA
-  // array raises UnsupportedError (the Python layer passes contiguous CUDA tensors).
+  // Same contents, contiguous row-major (returns *this when already contiguous). A strided device
+  // array is gathered on the device (its allocator's strided_copy; UnsupportedError without one).
   Array contiguous() const;
-  // Deep copy, contiguous (CUDA: of a contiguous array).
+  // Deep copy, contiguous.
   Array clone() const;
+  // A view of the same storage (same offset) with another shape and strides (in elements), e.g.
+  // a permutation of the axes; every index it can address must lie inside the storage (checked).
+  Array strided_view(Shape shape, Shape strides) const;
   // Contiguous copy on `device` (returns *this when already there and contiguous). Copies to
   // the host wait for the device stream.
   Array to(Device device) const;

@@ -134,6 +134,10 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
 # torch's version counter (as they bypass autograd's own checks): after such a write, call
 # ``lattice.ops.conv.clear_weight_cache(weight)`` or use in-place ops on the weight itself.
 CACHE_WEIGHT_LAYOUTS = True
+# True: CUDA weights that need a gradient reach the core in their dense layout and the core
+# permutes them on the device (see kernel_major_weight). Off until it has been measured and run
+# through the CUDA parity suite on a GPU (docs/performance.md); tests switch it on.
+CORE_PERMUTES_TRAINING_WEIGHTS = False
 _CACHE_ATTR = "_lattice_kernel_major"
 
 
@@ -146,16 +150,21 @@ def clear_weight_cache(weight: torch.Tensor) -> None:
 def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: int) -> torch.Tensor:
     """The weight the core reads: kernel-major (K, C_in, C_out), contiguous, in the autocast dtype.
 
-    A dense (C_out, Kx, Ky, Kz, C_in) weight is permuted and cast by torch in one copy on its
-    device (for CUDA data the core could only permute through the host), and autograd maps the
-    gradient back. For a weight that needs no gradient the result is cached per weight version
-    (CACHE_WEIGHT_LAYOUTS). A 3-D weight is already kernel-major and is only cast under autocast; a
-    5-D weight whose shape does not match is left to the core, which raises the shape error.
+    A dense (C_out, Kx, Ky, Kz, C_in) weight that needs no gradient is permuted and cast by torch
+    in one copy on its device, and the result is cached per weight version (CACHE_WEIGHT_LAYOUTS).
+    A dense weight that needs a gradient (training) is permuted and cast by torch, and autograd
+    maps the gradient back; with ``CORE_PERMUTES_TRAINING_WEIGHTS`` a CUDA one goes to the core as
+    it is instead (only cast under autocast): the core permutes it on the device and returns its
+    gradient in the same dense layout, saving torch's permute / copy and their autograd nodes on
+    every call (host time that decides a training step on the GPU). A 3-D weight is already kernel-major and is only cast under autocast; a 5-D
+    weight whose shape does not match is left to the core, which raises the shape error.
     """
     dense = weight.dim() == 5 and weight.shape[4] == c_in
     if not dense:
         return cast(weight, amp)
     needs_grad = weight.requires_grad and torch.is_grad_enabled()
+    if needs_grad and weight.is_cuda and CORE_PERMUTES_TRAINING_WEIGHTS:
+        return cast(weight, amp).contiguous()
     dtype = amp if (amp is not None and weight.dtype != torch.float64 and weight.dtype != amp) else weight.dtype
     key = None
     if CACHE_WEIGHT_LAYOUTS and not needs_grad:

@@ -323,6 +323,55 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   }
 }
 
+// dst (contiguous row-major) = src (shape, strides in elements), one element per thread step;
+// `W` is an integer type of the element's size. Indices are decomposed from the last axis.
+struct StridedLayout {
+  std::int64_t shape[8];
+  std::int64_t strides[8];
+  int ndim;
+};
+
+template <class W>
+__global__ void strided_copy_kernel(W* dst, const W* src, StridedLayout l, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t rest = i, off = 0;
+    for (int d = l.ndim - 1; d >= 0; --d) {
+      const std::int64_t q = rest / l.shape[d];
+      off += (rest - q * l.shape[d]) * l.strides[d];
+      rest = q;
+    }
+    dst[i] = src[off];
+  }
+}
+
+void strided_copy(void* dst, const void* src, const std::int64_t* shape, const std::int64_t* strides, int ndim,
+                  std::size_t esize, int index) {
+  require_device(index);
+  DeviceGuard guard(index);
+  LATTICE_ASSERT(ndim >= 0 && ndim <= 8, "strided_copy: at most 8 axes");
+  StridedLayout l{};
+  l.ndim = ndim;
+  std::int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    l.shape[d] = shape[d];
+    l.strides[d] = strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return;
+  cudaStream_t s = stream_of(Device::cuda(index));
+  const std::int64_t want = (n + 255) / 256;
+  const unsigned blocks = static_cast<unsigned>(want < 65535 * 8 ? want : 65535 * 8);
+  switch (esize) {
+    case 1: strided_copy_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src), l, n); break;
+    case 2: strided_copy_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(src), l, n); break;
+    case 4: strided_copy_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(src), l, n); break;
+    case 8: strided_copy_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(src), l, n); break;
+    default: LATTICE_ASSERT(false, "strided_copy: element size 1, 2, 4 or 8");
+  }
+  LATTICE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void register_cuda_allocator() {
@@ -333,6 +382,7 @@ void register_cuda_allocator() {
     a.release = [](void* p, int) { pool().release(p); };
     a.zero = zero;
     a.copy = copy;
+    a.strided_copy = strided_copy;
     a.stats = [] { return pool().stats(); };
     a.empty_cache = [] { pool().empty_cache(); };
     register_device_allocator(DeviceType::cuda, std::move(a));
