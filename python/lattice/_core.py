@@ -83,6 +83,16 @@ def as_tensor(value: Any, what: str, op: str) -> torch.Tensor:
 
 def as_triple(value: Any, what: str, op: str) -> tuple[int, int, int]:
     """An int or a 3-sequence of ints -> (x, y, z)."""
+    # Fast paths for what layers pass on every call (a plain int or a tuple of 3 plain ints);
+    # anything else takes the general checks below.
+    t = type(value)
+    if t is int:
+        if -(2**31) <= value <= 2**31 - 1:
+            return (value, value, value)
+    elif t is tuple and len(value) == 3 and type(value[0]) is int and type(value[1]) is int and \
+            type(value[2]) is int:
+        if all(-(2**31) <= v <= 2**31 - 1 for v in value):
+            return value
     if isinstance(value, bool):
         raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got bool")
     if isinstance(value, (int, np.integer)):

@@ -22,6 +22,8 @@ def device_name(d: torch.device) -> str:
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
+    if a == b and (a.type == "cpu" or a.index is not None):  # the common case: no name to build
+        return True
     return device_name(a) == device_name(b)
 
 
@@ -29,6 +31,8 @@ def check_device(op: str, what: str, value: Any, expected: torch.device) -> None
     """Raises ``[op] what: expected a tensor on <expected>, got <device>`` when ``value`` (a tensor,
     a SparseTensor, or None/anything else: ignored) lives on another device."""
     d: Optional[torch.device] = None
+    if value is None:
+        return
     if isinstance(value, torch.Tensor):
         d = value.device
     elif hasattr(value, "_feats") and hasattr(value, "_cs"):  # SparseTensor (no import cycle)

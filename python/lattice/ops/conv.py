@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .._autocast import autocast_dtype, cast
-from .._core import as_triple, core
+from .._core import as_triple, core, from_core, optional_core, to_core
 from .._device import check_device
 from ..autograd import ConvFunction
 from ..tensor import SparseTensor
@@ -122,7 +122,11 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
         return SparseTensor._from_core(p.output, feats)
     check_device(op, "bias", bias, x.device)
     weight = kernel_major_weight(weight, amp, x.feats.shape[1])
-    feats = ConvFunction.apply(feats_in, weight, bias, p)
+    if torch.is_grad_enabled() and (feats_in.requires_grad or weight.requires_grad or
+                                    (bias is not None and bias.requires_grad)):
+        feats = ConvFunction.apply(feats_in, weight, bias, p)
+    else:  # nothing to differentiate: the same core call without an autograd node (host time)
+        feats = from_core(core.conv_forward(p, to_core(feats_in), to_core(weight), optional_core(bias)))
     if p.output.key == x.key:
         return x.replace_feats(feats)
     return SparseTensor._from_core(p.output, feats)
