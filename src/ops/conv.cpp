@@ -211,8 +211,12 @@ Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::in
 }
 
 Explanation explain_relation(const ConvPlan& plan) {
-  return explain(relation_problem(*plan.input, plan.kind, plan.relation->kernel_volume, plan.op),
-                 backend::device_caps());
+  Explanation e = explain(relation_problem(*plan.input, plan.kind, plan.relation->kernel_volume, plan.op),
+                          backend::device_caps());
+  if (plan.relation->transposed)
+    e.problem += "; reused: the transpose of the cached relation between these coordinate sets (its edges "
+                 "transposed by the chosen route, nothing hashed)";
+  return e;
 }
 
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {

@@ -271,6 +271,7 @@ std::shared_ptr<Relation> transpose_relation(const Relation& forward, RelationKi
   r->n_in = forward.n_out;
   r->n_out = forward.n_in;
   r->kernel_volume = forward.kernel_volume;
+  r->transposed = true;
   RelationBuilder::adopt_edges(*r, std::move(edges));
   RelationBuilder::share_host_k_ptr(forward, *r);
   // The transpose's output-side map is forward's input-side map, and the other way round.

@@ -106,6 +106,22 @@ def test_target_relation_is_transposed_too(device) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_explain_says_when_the_relation_is_a_reused_transpose(device) -> None:
+    """explain() of the transposed conv names the reuse (issue 11: every decision visible) when the
+    relation is the transpose of the cached one, and does not for a relation it had to hash."""
+    fine = _fine(device)
+    coarse = ops.conv3d(fine, _weights(2, 3, 4, 1, device), stride=2)
+    up = _weights(2, 4, 3, 2, device)
+    ops.conv_transpose3d(coarse, up, stride=2, coordinates=fine)
+    assert coarse._cs.transposed_relation_count == 1
+    text = str(lattice.explain("conv_transpose3d", coarse, up, stride=2, coordinates=fine))
+    assert "reused: the transpose of the cached relation" in text, text
+    other = SparseTensor(fine.coords.clone(), fine.feats.clone())  # same rows, another set: hashed
+    text = str(lattice.explain("conv_transpose3d", coarse, up, stride=2, coordinates=other))
+    assert "reused" not in text, text
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_no_reuse_onto_an_unrelated_target_or_another_spec(device) -> None:
     fine = _fine(device)
     coarse = ops.conv3d(fine, _weights(2, 3, 4, 1, device), stride=2)

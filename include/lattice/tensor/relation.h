@@ -27,6 +27,9 @@ class Relation {
   std::int64_t kernel_volume = 1;
   std::int64_t n_edges = 0;
   bool identity = false;  // edges are exactly (i, i, 0) for every row
+  // Built as the transpose of a cached forward / target relation between the same two coordinate
+  // sets (transpose_relation: its edges transposed, nothing hashed); explain() says so.
+  bool transposed = false;
 
   // Output-major edge list sorted by (out, k): int32 (E) each.
   Array in_idx, out_idx, k_idx;
