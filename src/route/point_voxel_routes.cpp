@@ -51,7 +51,7 @@ constexpr std::array<RouteSpec<PointVoxelProblem>, 3> kPointVoxelRoutes{{
           "(f16, bf16, f32, f64); points float32 or float64; any number of points, voxels and channels "
           "(including none); every pass (voxelize forward/backward, devoxelize forward/backward, "
           "build_map). Deterministic: no float atomics; bitwise-identical repeated runs, and the same "
-          "per-element summation orders as the CPU routes (cpu/point_voxel/point_voxel_routes.h), with "
+          "per-element summation orders as the CPU routes (backend/kernels.h, PointVoxelKernels), with "
           "round-to-nearest adds and multiplies (no FMA), so the results match them bit for bit."}}}},
      admit_point_voxel_cuda},
     {{.id = RouteId::point_voxel_parallel,

@@ -72,7 +72,7 @@ constexpr std::array<RouteSpec<QuantizedProblem>, 3> kQuantizedRoutes{{
       .device = "cuda",
       .tier = GpuTier::classic,
       .rank = 0,
-      .kernels = "cuda::quantized_cuda_dequant_gemm_forward",
+      .kernels = "cuda::quantized_cuda_dequant_gemm_forward cuda::quantized_cuda_dequantize",
       .files = {{{"src/backend/cuda/quantized/dequant_gemm.cu",
           "CUDA device (any tier, classic or above); float32, float16 or bfloat16 "
           "activations; any relation kind (and linear: rows times W, no relation), any kernel volume, any "

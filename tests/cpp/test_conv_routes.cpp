@@ -19,10 +19,11 @@
 #include <vector>
 
 #include "backend/args.h"
-#include "backend/cpu/conv/conv_routes.h"
+#include "backend/kernel_table.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
+#include "lattice/route/route.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -198,14 +199,16 @@ struct Route {
   PassFn input_grad;
   PassFn weight_grad;
 };
-constexpr Route kReference{"reference", conv_reference_forward, conv_reference_input_grad,
-                           conv_reference_weight_grad};
-constexpr Route kPointwiseMatmul{"pointwise_matmul", conv_pointwise_matmul_forward,
-                                 conv_pointwise_matmul_input_grad,
-                                 conv_pointwise_matmul_weight_grad};
-constexpr Route kGatherGemmScatter{"gather_gemm_scatter", conv_gather_gemm_scatter_forward,
-                                   conv_gather_gemm_scatter_input_grad,
-                                   conv_gather_gemm_scatter_weight_grad};
+// Each route's passes as its kernel file registered them (LATTICE_ROUTE_KERNELS), read through
+// the kernel table the semantic layer calls.
+Route route_of(const char* name, RouteId id) {
+  const ConvKernels* k = find_conv_kernels(id);
+  if (k == nullptr) throw InternalError(std::string("no kernels registered for conv route ") + name);
+  return {name, k->forward, k->input_grad, k->weight_grad};
+}
+const Route kReference = route_of("reference", RouteId::conv_reference);
+const Route kPointwiseMatmul = route_of("pointwise_matmul", RouteId::conv_pointwise_matmul);
+const Route kGatherGemmScatter = route_of("gather_gemm_scatter", RouteId::conv_gather_gemm_scatter);
 
 // Runs the three passes of `route`; outputs start as NaN, so a route must overwrite them fully.
 template <class T>
@@ -335,8 +338,8 @@ TYPED_TEST(ConvReference, RowsWithoutEdgesGetZeroWithoutBias) {
 TEST(ConvReference, NonFloatDtypeRaisesTypeError) {
   const Relation rel = hand_relation();
   const ConvArgs args{.dtype = Dtype::i32, .rel = rel.view(), .c_in = 2, .c_out = 2};
-  EXPECT_THROW(conv_reference_forward(args), TypeError);
-  EXPECT_THROW(conv_gather_gemm_scatter_forward(args), TypeError);
+  EXPECT_THROW(kReference.forward(args), TypeError);
+  EXPECT_THROW(kGatherGemmScatter.forward(args), TypeError);
 }
 
 // --- Routes against the reference -----------------------------------------------------------

@@ -18,7 +18,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernel_table.h"
 #include "lattice/core/array.h"
 #include "lattice/core/dtype.h"
@@ -265,14 +264,14 @@ void check_route(RouteId id, Dtype dt, bool allow_tf32,
       Array dx_ref = Array::empty({r.n_in, ch.c_in}, dt);
       Array dw_ref = Array::empty({kv, ch.c_in, ch.c_out}, dt);
       ref.y = y_ref.raw_data();
-      backend::cpu::conv_reference_forward(ref);
+      backend::find_conv_kernels(RouteId::conv_reference)->forward(ref);
       ref.bias = bias.raw_data();
       ref.y = yb_ref.raw_data();
-      backend::cpu::conv_reference_forward(ref);
+      backend::find_conv_kernels(RouteId::conv_reference)->forward(ref);
       ref.dx = dx_ref.raw_data();
-      backend::cpu::conv_reference_input_grad(ref);
+      backend::find_conv_kernels(RouteId::conv_reference)->input_grad(ref);
       ref.dw = dw_ref.raw_data();
-      backend::cpu::conv_reference_weight_grad(ref);
+      backend::find_conv_kernels(RouteId::conv_reference)->weight_grad(ref);
       // Bias gradient: column sums of dy in double.
       Array db_ref = Array::empty({ch.c_out}, Dtype::f64);
       {

@@ -21,7 +21,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernel_table.h"
 #include "cuda_test_support.h"
 #include "lattice/core/array.h"
@@ -289,7 +288,7 @@ TEST(CudaQuantized, ConvMatchesCpuDequantReferenceEveryKindBitsGroupDtype) {
           ref.bias = with_bias ? bias.raw_data() : nullptr;
           Array y_ref = Array::empty({r.n_out, ch.c_out}, dt);
           ref.y = y_ref.raw_data();
-          backend::cpu::conv_reference_forward(ref);
+          backend::find_conv_kernels(RouteId::conv_reference)->forward(ref);
 
           auto run = [&] {
             QuantizedConvArgs a;

@@ -15,13 +15,22 @@
 #include <vector>
 
 #include "backend/args.h"
-#include "backend/cpu/pool/pool_routes.h"
+#include "backend/kernel_table.h"
 #include "lattice/core/dtype.h"
+#include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 #include "lattice/route/route.h"
 
 namespace lattice {
 namespace {
+
+// A CPU pooling route's entry points as its kernel file registered them (LATTICE_ROUTE_KERNELS),
+// read through the kernel table the semantic layer calls.
+const backend::PoolKernels& pool_route(RouteId id) {
+  const backend::PoolKernels* k = backend::find_pool_kernels(id);
+  if (k == nullptr) throw InternalError("no kernels registered for pool route " + std::string(to_string(id)));
+  return *k;
+}
 
 DeviceCaps cpu_caps() {
   DeviceCaps caps;
@@ -153,7 +162,7 @@ TEST(PoolReference, HandComputedModesTiesNanAndEmptyRows) {
   a.x = x.data();
   a.y = y.data();
   a.argmax = am.data();
-  backend::cpu::pool_reference_forward(a);
+  pool_route(RouteId::pool_reference).forward(a);
   // channel 0: values 5 (row 2), 5 (row 0), 5 (row 1): tie -> row 0; channel 1: NaN (row 2) wins.
   EXPECT_EQ(am, (std::vector<std::int32_t>{0, 2, -1, -1, 3, 3}));
   EXPECT_EQ(y[0], 5.0);
@@ -164,19 +173,19 @@ TEST(PoolReference, HandComputedModesTiesNanAndEmptyRows) {
   std::vector<double> dx(8);
   a.dy = dy.data();
   a.dx = dx.data();
-  backend::cpu::pool_reference_input_grad(a);
+  pool_route(RouteId::pool_reference).input_grad(a);
   EXPECT_EQ(dx, (std::vector<double>{1, 0, 0, 0, 0, 2, 5, 6}));
 
   auto s = g.args(PoolMode::avg, 2);
   const std::vector<double> xs{1, 2, 3, 4, 5, 6, 7, 8};
   s.x = xs.data();
   s.y = y.data();
-  backend::cpu::pool_reference_forward(s);
+  pool_route(RouteId::pool_reference).forward(s);
   EXPECT_EQ(y, (std::vector<double>{3, 4, 0, 0, 7, 8}));
   auto w = g.args(PoolMode::weighted, 2);
   w.x = xs.data();
   w.y = y.data();
-  backend::cpu::pool_reference_forward(w);
+  pool_route(RouteId::pool_reference).forward(w);
   EXPECT_EQ(y, (std::vector<double>{0.25 * 1 + 0.25 * 3 + 0.5 * 5, 0.25 * 2 + 0.25 * 4 + 0.5 * 6, 0,
                                     0, 7, 8}));
 }
@@ -229,24 +238,24 @@ void check_routes_equal(Dtype dtype) {
       a.dy = dy.data();
       a.y = y_ref.data();
       a.argmax = am_ref.data();
-      backend::cpu::pool_reference_forward(a);
+      pool_route(RouteId::pool_reference).forward(a);
       a.dx = dx_ref.data();
-      backend::cpu::pool_reference_input_grad(a);
+      pool_route(RouteId::pool_reference).input_grad(a);
       for (int threads : {1, 3}) {
         set_num_threads(threads);
         a.y = y.data();
         a.argmax = am.data();
-        backend::cpu::pool_csr_reduce_forward(a);
+        pool_route(RouteId::pool_csr_reduce).forward(a);
         EXPECT_EQ(std::memcmp(y.data(), y_ref.data(), y.size() * sizeof(T)), 0) << to_string(mode);
         EXPECT_EQ(am, am_ref) << to_string(mode);
         a.argmax = am_ref.data();
         a.dx = dx.data();
-        backend::cpu::pool_csr_reduce_input_grad(a);
+        pool_route(RouteId::pool_csr_reduce).input_grad(a);
         EXPECT_EQ(std::memcmp(dx.data(), dx_ref.data(), dx.size() * sizeof(T)), 0)
             << to_string(mode);
         if (exclusive) {
           std::fill(dx.begin(), dx.end(), T{});
-          backend::cpu::pool_input_exclusive_input_grad(a);
+          pool_route(RouteId::pool_input_exclusive).input_grad(a);
           EXPECT_EQ(std::memcmp(dx.data(), dx_ref.data(), dx.size() * sizeof(T)), 0)
               << to_string(mode);
         }

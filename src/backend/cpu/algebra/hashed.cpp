@@ -19,8 +19,8 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/algebra/algebra_routes.h"
 #include "backend/cpu/algebra/combine.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 
@@ -196,3 +196,9 @@ void algebra_hashed_backward(const CombineArgs& a) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(AlgebraKernels, algebra_hashed, {
+    .align = cpu::algebra_hashed_align,
+    .lookup = cpu::algebra_hashed_lookup,
+    .forward = cpu::algebra_hashed_forward,
+    .backward = cpu::algebra_hashed_backward});

@@ -14,8 +14,8 @@
 #include <numeric>
 #include <vector>
 
-#include "backend/cpu/algebra/algebra_routes.h"
 #include "backend/cpu/algebra/combine.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -128,3 +128,9 @@ void algebra_reference_backward(const CombineArgs& a) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(AlgebraKernels, algebra_reference, {
+    .align = cpu::algebra_reference_align,
+    .lookup = cpu::algebra_reference_lookup,
+    .forward = cpu::algebra_reference_forward,
+    .backward = cpu::algebra_reference_backward});

@@ -1,4 +1,6 @@
-// CPU convolution routes: one function per (route, pass), called through the kernel table.
+// What the CPU convolution routes share: their contract and the bias gradient they all use. Each
+// route's file defines its entry points and registers them (LATTICE_ROUTE_KERNELS); they are
+// called through the kernel table and declared nowhere else.
 //
 // Contract shared by all of them (ConvArgs in backend/args.h): CPU memory, contiguous row-major,
 // features and weight of one float dtype (f16, bf16, f32, f64), weight in the canonical
@@ -13,22 +15,8 @@
 
 namespace lattice::backend::cpu {
 
-// reference.cpp: scalar loops over the edge lists, single-threaded; the oracle for the others.
-void conv_reference_forward(const ConvArgs& args);
-void conv_reference_input_grad(const ConvArgs& args);
-void conv_reference_weight_grad(const ConvArgs& args);
-// dbias = the column sums of dy (n_out rows), in Accum<T>, rows in order; every CPU route's
-// bias gradient.
+// reference.cpp: dbias = the column sums of dy (n_out rows), in Accum<T>, rows in order; every
+// CPU route's bias gradient (each route's LATTICE_ROUTE_KERNELS names it).
 void conv_reference_bias_grad(const ConvArgs& args);
-
-// pointwise_matmul.cpp: kernel volume 1 and the identity relation, one GEMM per pass.
-void conv_pointwise_matmul_forward(const ConvArgs& args);
-void conv_pointwise_matmul_input_grad(const ConvArgs& args);
-void conv_pointwise_matmul_weight_grad(const ConvArgs& args);
-
-// gather_gemm_scatter.cpp: per kernel offset, gather rows, one GEMM, scatter-add; deterministic.
-void conv_gather_gemm_scatter_forward(const ConvArgs& args);
-void conv_gather_gemm_scatter_input_grad(const ConvArgs& args);
-void conv_gather_gemm_scatter_weight_grad(const ConvArgs& args);
 
 }  // namespace lattice::backend::cpu

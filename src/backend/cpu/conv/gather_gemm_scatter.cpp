@@ -29,8 +29,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/conv/conv_routes.h"
 #include "backend/cpu/common/gemm_support.h"
+#include "backend/cpu/conv/conv_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -211,3 +212,9 @@ void conv_gather_gemm_scatter_weight_grad(const ConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(ConvKernels, conv_gather_gemm_scatter, {
+    .forward = cpu::conv_gather_gemm_scatter_forward,
+    .input_grad = cpu::conv_gather_gemm_scatter_input_grad,
+    .weight_grad = cpu::conv_gather_gemm_scatter_weight_grad,
+    .bias_grad = cpu::conv_reference_bias_grad});

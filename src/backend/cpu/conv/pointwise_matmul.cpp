@@ -16,8 +16,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/conv/conv_routes.h"
 #include "backend/cpu/common/gemm_support.h"
+#include "backend/cpu/conv/conv_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -121,3 +122,9 @@ void conv_pointwise_matmul_weight_grad(const ConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(ConvKernels, conv_pointwise_matmul, {
+    .forward = cpu::conv_pointwise_matmul_forward,
+    .input_grad = cpu::conv_pointwise_matmul_input_grad,
+    .weight_grad = cpu::conv_pointwise_matmul_weight_grad,
+    .bias_grad = cpu::conv_reference_bias_grad});

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/conv/conv_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -124,3 +125,9 @@ void conv_reference_weight_grad(const ConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(ConvKernels, conv_reference, {
+    .forward = cpu::conv_reference_forward,
+    .input_grad = cpu::conv_reference_input_grad,
+    .weight_grad = cpu::conv_reference_weight_grad,
+    .bias_grad = cpu::conv_reference_bias_grad});

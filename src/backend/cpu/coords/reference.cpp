@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "backend/common/coord_hash.h"
-#include "backend/cpu/coords/coords_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -185,3 +185,11 @@ NonzeroResult coords_reference_nonzero(const NonzeroArgs& a) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(CoordsKernels, coords_reference, {
+    .downsample = cpu::coords_reference_downsample,
+    .morton = cpu::coords_reference_morton,
+    .select = cpu::coords_reference_select,
+    .collate = cpu::coords_reference_collate,
+    .dense_index = cpu::coords_reference_dense_index,
+    .nonzero = cpu::coords_reference_nonzero});

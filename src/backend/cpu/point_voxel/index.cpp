@@ -6,7 +6,7 @@
 // voxel stay ascending (the order every point_voxel route sums in).
 #include <vector>
 
-#include "backend/cpu/point_voxel/point_voxel_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 
@@ -44,3 +44,7 @@ PointGroupResult point_index_reference_group(const PointGroupArgs& a) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PointIndexKernels, point_index_reference, {
+    .batch_ids = cpu::point_index_reference_batch_ids,
+    .group = cpu::point_index_reference_group});

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "backend/cpu/point_voxel/map_support.h"
-#include "backend/cpu/point_voxel/point_voxel_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/threads.h"
 
 namespace lattice::backend::cpu {
@@ -234,3 +234,10 @@ PointVoxelMapResult point_voxel_map_parallel(const PointVoxelMapArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PointVoxelKernels, point_voxel_parallel, {
+    .voxelize_forward = cpu::voxelize_parallel_forward,
+    .voxelize_backward = cpu::voxelize_parallel_backward,
+    .devoxelize_forward = cpu::devoxelize_parallel_forward,
+    .devoxelize_backward = cpu::devoxelize_parallel_backward,
+    .build_map = cpu::point_voxel_map_parallel});

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/point_voxel/map_support.h"
-#include "backend/cpu/point_voxel/point_voxel_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -198,3 +198,10 @@ PointVoxelMapResult point_voxel_map_reference(const PointVoxelMapArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PointVoxelKernels, point_voxel_reference, {
+    .voxelize_forward = cpu::voxelize_reference_forward,
+    .voxelize_backward = cpu::voxelize_reference_backward,
+    .devoxelize_forward = cpu::devoxelize_reference_forward,
+    .devoxelize_backward = cpu::devoxelize_reference_backward,
+    .build_map = cpu::point_voxel_map_reference});

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cpu/pool/pool_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 
@@ -175,3 +176,7 @@ void pool_csr_reduce_input_grad(const PoolArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PoolKernels, pool_csr_reduce, {
+    .forward = cpu::pool_csr_reduce_forward,
+    .input_grad = cpu::pool_csr_reduce_input_grad});

@@ -13,7 +13,7 @@
 
 #include "backend/common/coord_hash.h"
 #include "backend/common/geometry.h"
-#include "backend/cpu/pool/pool_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -105,3 +105,7 @@ PoolEdgeList pool_edges_reference_trilinear(const TrilinearEdgesArgs& a) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PoolEdgeKernels, pool_edges_reference, {
+    .batch_edges = cpu::pool_edges_reference_batch,
+    .trilinear_edges = cpu::pool_edges_reference_trilinear});

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/pool/pool_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 
@@ -91,3 +92,6 @@ void pool_input_exclusive_input_grad(const PoolArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PoolKernels, pool_input_exclusive, {
+    .input_grad = cpu::pool_input_exclusive_input_grad});

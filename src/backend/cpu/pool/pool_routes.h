@@ -1,4 +1,6 @@
-// CPU pooling routes: one function per (route, pass), called through the kernel table.
+// What the CPU pooling routes share (and the CUDA route follows): their contract, summation
+// orders and the max rule. Each route's file defines its entry points and registers them
+// (LATTICE_ROUTE_KERNELS); they are called through the kernel table and declared nowhere else.
 //
 // Contract shared by all of them (PoolArgs in backend/args.h): CPU memory, contiguous row-major
 // features of one float dtype (f16, bf16, f32, f64); an output-major edge list (out_ptr,
@@ -21,18 +23,6 @@
 
 namespace lattice::backend::cpu {
 
-// reference.cpp: scalar loops over the edge list, single-threaded; the oracle for the others.
-void pool_reference_forward(const PoolArgs& args);
-void pool_reference_input_grad(const PoolArgs& args);
-
-// csr_reduce.cpp: forward per output row, input gradient per input row over an input-major copy
-// of the edge list; OpenMP over rows, deterministic.
-void pool_csr_reduce_forward(const PoolArgs& args);
-void pool_csr_reduce_input_grad(const PoolArgs& args);
-
-// input_exclusive.cpp: input gradient when every input row has at most one edge: a gather.
-void pool_input_exclusive_input_grad(const PoolArgs& args);
-
 namespace pool_detail {
 
 // The max rule (SEMANTICS.md "Pooling"): does value v of input row i beat the current best
@@ -49,10 +39,5 @@ inline bool max_beats(A v, std::int32_t i, A best, std::int32_t best_i) {
 }
 
 }  // namespace pool_detail
-
-// edges.cpp (family pool_edges, route reference): the edge lists of global pooling and trilinear
-// upsampling for CPU coordinates (TrilinearEdgesArgs::coarse_slots: the coarse set's CPU index).
-PoolEdgeList pool_edges_reference_batch(const BatchEdgesArgs& args);
-PoolEdgeList pool_edges_reference_trilinear(const TrilinearEdgesArgs& args);
 
 }  // namespace lattice::backend::cpu

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/pool/pool_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -123,3 +124,7 @@ void pool_reference_input_grad(const PoolArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(PoolKernels, pool_reference, {
+    .forward = cpu::pool_reference_forward,
+    .input_grad = cpu::pool_reference_input_grad});

@@ -8,7 +8,7 @@
 
 #include "backend/common/coord_hash.h"
 #include "backend/common/point_voxel.h"
-#include "backend/cpu/quantize/quantize_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 
@@ -99,3 +99,5 @@ QuantizeResult quantize_reference(const QuantizeArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(QuantizeKernels, quantize_reference, {.quantize = cpu::quantize_reference});

@@ -4,11 +4,13 @@
 //
 // The packed-weight decoder route of CPU weights (family dequantize): dequantize_weight and the
 // dequant_reference conv route call it; the decoding loops are dequant_reference.cpp's.
-#include "backend/cpu/quantized/dequantize_routes.h"
 #include "backend/cpu/quantized/quantized_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 
 void dequantize_reference(const DequantizeArgs& args) { quantized_dequantize_reference(args); }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(DequantizeKernels, dequantize_reference, {.dequantize = cpu::dequantize_reference});

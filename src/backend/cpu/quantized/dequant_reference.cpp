@@ -12,6 +12,7 @@
 
 #include "backend/cpu/quantized/decode.h"
 #include "backend/cpu/quantized/quantized_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cpu {
 namespace {
@@ -46,3 +47,6 @@ void quantized_dequantize_reference(const DequantizeArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(QuantizedKernels, quantized_dequant_reference, {
+    .dequantize = cpu::quantized_dequantize_reference});

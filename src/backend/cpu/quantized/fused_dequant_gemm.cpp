@@ -30,7 +30,7 @@
 
 #include "backend/cpu/common/gemm_support.h"
 #include "backend/cpu/quantized/decode.h"
-#include "backend/cpu/quantized/quantized_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cpu {
@@ -192,3 +192,6 @@ void quantized_fused_dequant_gemm_forward(const QuantizedConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(QuantizedKernels, quantized_fused_dequant_gemm, {
+    .forward = cpu::quantized_fused_dequant_gemm_forward});

@@ -19,7 +19,7 @@
 
 #include "backend/common/coord_hash.h"
 #include "backend/common/geometry.h"
-#include "backend/cpu/relation/relation_routes.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 
@@ -554,3 +554,15 @@ DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args) {
 }
 
 }  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(RelationKernels, relation_cpu_hash, {
+    .build_table = cpu::relation_cpu_hash_build_table,
+    .find_duplicate = cpu::relation_cpu_hash_find_duplicate,
+    .batch_histogram = cpu::relation_cpu_hash_batch_histogram,
+    .support = cpu::relation_cpu_hash_support,
+    .edges = cpu::relation_cpu_hash_edges,
+    .row_masks = cpu::relation_cpu_hash_row_masks,
+    .input_grouping = cpu::relation_cpu_hash_input_grouping,
+    .transpose = cpu::relation_cpu_hash_transpose,
+    .input_map = cpu::relation_cpu_hash_input_map,
+    .row_order = cpu::relation_cpu_hash_row_order});

@@ -23,13 +23,13 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/algebra/algebra_routes.h"
 #include "backend/cuda/common/compact.cuh"
 #include "backend/cuda/common/coord_table.cuh"
 #include "backend/cuda/common/float16.cuh"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -426,3 +426,9 @@ void algebra_cuda_hashed_backward(const CombineArgs& a) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(AlgebraKernels, algebra_cuda_hashed, {
+    .align = cuda::algebra_cuda_hashed_align,
+    .lookup = cuda::algebra_cuda_hashed_lookup,
+    .forward = cuda::algebra_cuda_hashed_forward,
+    .backward = cuda::algebra_cuda_hashed_backward});

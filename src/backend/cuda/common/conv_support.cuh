@@ -2,6 +2,15 @@
 // for the storage dtypes, the cuBLAS handle of the calling thread, and small deterministic
 // kernels (accumulator init / rounding, gather, scatter-add, relation maps, column sums).
 // Every launch goes to the current stream of the given device.
+//
+// Contract of every CUDA conv route (ConvArgs in backend/args.h; each route's file defines its
+// entry points and registers them with LATTICE_ROUTE_KERNELS): every array on args.device,
+// contiguous row-major, features and weight of one dtype (f16, bf16, f32), weight in the
+// canonical (K, C_in, C_out) layout; work is enqueued on the current stream of args.device and
+// the functions return without waiting for it. Each pass fully overwrites its output (y, dx, dw,
+// dbias). Products are accumulated in f32 (tf32 tensor cores for f32 only with args.allow_tf32)
+// and every output element is rounded to the storage dtype once, at the end. Deterministic: no
+// float atomics; repeated runs on one device give bitwise-identical results.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "backend/cuda/common/conv_support.cuh"
-#include "backend/cuda/conv/conv_routes.h"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -233,3 +233,9 @@ void conv_cuda_gather_gemm_scatter_weight_grad(const ConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(ConvKernels, conv_cuda_gather_gemm_scatter, {
+    .forward = cuda::conv_cuda_gather_gemm_scatter_forward,
+    .input_grad = cuda::conv_cuda_gather_gemm_scatter_input_grad,
+    .weight_grad = cuda::conv_cuda_gather_gemm_scatter_weight_grad,
+    .bias_grad = cuda::conv_cuda_bias_grad});

@@ -45,9 +45,9 @@
 #include <cstdint>
 
 #include "backend/cuda/common/conv_support.cuh"
-#include "backend/cuda/conv/conv_routes.h"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -712,3 +712,9 @@ void conv_implicit_gemm_sm80_weight_grad(const ConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(ConvKernels, conv_implicit_gemm_sm80, {
+    .forward = cuda::conv_implicit_gemm_sm80_forward,
+    .input_grad = cuda::conv_implicit_gemm_sm80_input_grad,
+    .weight_grad = cuda::conv_implicit_gemm_sm80_weight_grad,
+    .bias_grad = cuda::conv_cuda_bias_grad});

@@ -24,10 +24,10 @@
 #include "backend/common/geometry.h"
 #include "backend/cuda/common/compact.cuh"
 #include "backend/cuda/common/coord_table.cuh"
-#include "backend/cuda/coords/coords_routes.h"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cuda {
 namespace {
@@ -332,3 +332,11 @@ NonzeroResult coords_cuda_nonzero(const NonzeroArgs& a) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(CoordsKernels, coords_cuda, {
+    .downsample = cuda::coords_cuda_downsample,
+    .morton = cuda::coords_cuda_morton,
+    .select = cuda::coords_cuda_select,
+    .collate = cuda::coords_cuda_collate,
+    .dense_index = cuda::coords_cuda_dense_index,
+    .nonzero = cuda::coords_cuda_nonzero});

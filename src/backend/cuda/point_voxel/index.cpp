@@ -6,8 +6,8 @@
 //
 // The route's entry points; the device kernels they launch are in quantize.cu (batch_ids) and
 // point_voxel.cu (group_points_by_voxel).
-#include "backend/cuda/point_voxel/point_index_routes.h"
 #include "backend/cuda/point_voxel/point_voxel_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cuda {
 
@@ -16,3 +16,7 @@ BatchIdsResult point_index_cuda_batch_ids(const BatchIdsArgs& args) { return bat
 PointGroupResult point_index_cuda_group(const PointGroupArgs& args) { return group_points_by_voxel(args); }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(PointIndexKernels, point_index_cuda, {
+    .batch_ids = cuda::point_index_cuda_batch_ids,
+    .group = cuda::point_index_cuda_group});

@@ -2,7 +2,7 @@
 // (f16, bf16, f32, f64); points float32 or float64; any number of points, voxels and channels
 // (including none); every pass (voxelize forward/backward, devoxelize forward/backward,
 // build_map). Deterministic: no float atomics; bitwise-identical repeated runs, and the same
-// per-element summation orders as the CPU routes (cpu/point_voxel/point_voxel_routes.h), with
+// per-element summation orders as the CPU routes (backend/kernels.h, PointVoxelKernels), with
 // round-to-nearest adds and multiplies (no FMA), so the results match them bit for bit.
 //
 // One thread per output element (row, channel), consecutive threads on consecutive channels:
@@ -31,6 +31,7 @@
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -429,3 +430,10 @@ PointGroupResult group_points_by_voxel(const PointGroupArgs& a) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(PointVoxelKernels, point_voxel_cuda, {
+    .voxelize_forward = cuda::voxelize_forward,
+    .voxelize_backward = cuda::voxelize_backward,
+    .devoxelize_forward = cuda::devoxelize_forward,
+    .devoxelize_backward = cuda::devoxelize_backward,
+    .build_map = cuda::point_voxel_map});

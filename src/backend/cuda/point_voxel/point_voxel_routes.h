@@ -1,25 +1,16 @@
-// CUDA point <-> voxel routes (point_voxel.cu), sparse_quantize (quantize.cu) and the device
-// index builders of the point family: plain C++ declarations (the kernel table is compiled by
-// the host compiler).
+// Device index builders of the point family, shared across files: defined next to the kernels
+// they launch (point_voxel.cu, quantize.cu) and called by the point_index route cuda (index.cpp).
+// Plain C++ declarations (index.cpp is compiled by the host compiler). The routes' own entry
+// points are registered in their files (LATTICE_ROUTE_KERNELS) and declared nowhere else.
 #pragma once
 
 #include "backend/args.h"
 
 namespace lattice::backend::cuda {
 
-// point_voxel.cu: one thread per output element, each reducing in the CPU routes' order
-// (cpu/point_voxel/point_voxel_routes.h); no atomics on features.
-void voxelize_forward(const VoxelizeArgs& args);
-void voxelize_backward(const VoxelizeArgs& args);
-void devoxelize_forward(const DevoxelizeArgs& args);
-void devoxelize_backward(const DevoxelizeArgs& args);
-PointVoxelMapResult point_voxel_map(const PointVoxelMapArgs& args);
-// The CSR of points per voxel (PointGrouping) from the inverse map.
+// point_voxel.cu: the CSR of points per voxel (PointGrouping) from the inverse map.
 PointGroupResult group_points_by_voxel(const PointGroupArgs& args);
-
-// quantize.cu
-QuantizeResult quantize(const QuantizeArgs& args);
-// Checked, narrowed batch ids of points.
+// quantize.cu: checked, narrowed batch ids of points.
 BatchIdsResult batch_ids(const BatchIdsArgs& args);
 
 }  // namespace lattice::backend::cuda

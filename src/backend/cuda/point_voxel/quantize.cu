@@ -24,6 +24,7 @@
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -213,3 +214,5 @@ BatchIdsResult batch_ids(const BatchIdsArgs& a) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(QuantizeKernels, quantize_cuda, {.quantize = cuda::quantize});

@@ -29,6 +29,7 @@
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -403,3 +404,7 @@ PoolEdgeList pool_trilinear_edges(const TrilinearEdgesArgs& a) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(PoolKernels, pool_cuda_csr_reduce, {
+    .forward = cuda::pool_csr_reduce_forward,
+    .input_grad = cuda::pool_csr_reduce_input_grad});

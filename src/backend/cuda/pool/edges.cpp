@@ -7,8 +7,8 @@
 //
 // The route's entry points; the device kernels they launch are in csr_reduce.cu
 // (pool_batch_edges, pool_trilinear_edges).
-#include "backend/cuda/pool/pool_edges_routes.h"
 #include "backend/cuda/pool/pool_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cuda {
 
@@ -17,3 +17,7 @@ PoolEdgeList pool_edges_cuda_batch(const BatchEdgesArgs& args) { return pool_bat
 PoolEdgeList pool_edges_cuda_trilinear(const TrilinearEdgesArgs& args) { return pool_trilinear_edges(args); }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(PoolEdgeKernels, pool_edges_cuda, {
+    .batch_edges = cuda::pool_edges_cuda_batch,
+    .trilinear_edges = cuda::pool_edges_cuda_trilinear});

@@ -5,11 +5,13 @@
 //
 // The packed-weight decoder route of CUDA weights (family dequantize); the kernel is
 // dequant_reference.cu's (quantized_cuda_dequantize).
-#include "backend/cuda/quantized/dequantize_routes.h"
 #include "backend/cuda/quantized/quantized_routes.h"
+#include "backend/kernels.h"
 
 namespace lattice::backend::cuda {
 
 void dequantize_cuda(const DequantizeArgs& args) { quantized_cuda_dequantize(args); }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(DequantizeKernels, dequantize_cuda, {.dequantize = cuda::dequantize_cuda});

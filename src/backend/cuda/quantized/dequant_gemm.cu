@@ -30,6 +30,7 @@
 #include "backend/cuda/quantized/quantized_routes.h"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -178,3 +179,7 @@ void quantized_cuda_dequant_gemm_forward(const QuantizedConvArgs& args) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(QuantizedKernels, quantized_cuda_dequant_gemm, {
+    .dequantize = cuda::quantized_cuda_dequantize,
+    .forward = cuda::quantized_cuda_dequant_gemm_forward});

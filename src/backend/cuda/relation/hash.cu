@@ -13,7 +13,6 @@
 // per-offset grouping by compacting the map in k-major order, the input grouping by compacting
 // an (offset, input row) -> output row table in k-major order (within one offset every input
 // row occurs at most once). Integer atomics only count or take minima (order-independent).
-#include "backend/cuda/relation/relation_routes.h"
 
 #include <cub/device/device_scan.cuh>
 
@@ -25,6 +24,7 @@
 #include "backend/cuda/common/group_by_key.cuh"
 #include "backend/cuda/runtime/memory.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/kernels.h"
 #include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
@@ -671,3 +671,15 @@ DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args) {
 }
 
 }  // namespace lattice::backend::cuda
+
+LATTICE_ROUTE_KERNELS(RelationKernels, relation_cuda_hash, {
+    .build_table = cuda::device_build_table,
+    .find_duplicate = cuda::device_find_duplicate,
+    .batch_histogram = cuda::device_batch_histogram,
+    .support = cuda::device_support,
+    .edges = cuda::device_edges,
+    .row_masks = cuda::device_row_masks,
+    .input_grouping = cuda::device_input_grouping,
+    .transpose = cuda::device_transpose,
+    .input_map = cuda::device_input_map,
+    .row_order = cuda::device_row_order});
