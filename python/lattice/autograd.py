@@ -8,12 +8,18 @@ import torch
 from ._core import core, from_core, optional_core, to_core
 
 
+def conv_forward(plan: Any, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The core's forward of one planned conv (no autograd): ConvFunction's forward, and the call
+    lattice.ops makes directly when nothing needs a gradient."""
+    return from_core(core.conv_forward(plan, to_core(feats), to_core(weight), optional_core(bias)))
+
+
 class ConvFunction(torch.autograd.Function):
     """Y = conv(X, W) (+ b) over a planned relation; gradients for X, W and b from the core."""
 
     @staticmethod
     def forward(ctx: Any, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Any) -> torch.Tensor:  # type: ignore[override]
-        out = from_core(core.conv_forward(plan, to_core(feats), to_core(weight), optional_core(bias)))
+        out = conv_forward(plan, feats, weight, bias)
         ctx.plan = plan
         ctx.has_bias = bias is not None
         ctx.save_for_backward(feats, weight)

@@ -14,9 +14,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .._autocast import autocast_dtype, cast
-from .._core import as_triple, core, from_core, optional_core, to_core
+from .._core import as_triple, core
 from .._device import check_device
-from ..autograd import ConvFunction
+from ..autograd import ConvFunction, conv_forward
 from ..tensor import SparseTensor
 from . import quantized as _quantized
 
@@ -126,7 +126,7 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
                                     (bias is not None and bias.requires_grad)):
         feats = ConvFunction.apply(feats_in, weight, bias, p)
     else:  # nothing to differentiate: the same core call without an autograd node (host time)
-        feats = from_core(core.conv_forward(p, to_core(feats_in), to_core(weight), optional_core(bias)))
+        feats = conv_forward(p, feats_in, weight, bias)
     if p.output.key == x.key:
         return x.replace_feats(feats)
     return SparseTensor._from_core(p.output, feats)

@@ -524,19 +524,13 @@ Array relation_cpu_hash_input_map(const DeviceTransposeArgs& args) {
 // keep ascending index order, so the order is a function of the map alone.
 Array relation_cpu_hash_row_order(const Array& map) {
   const std::int64_t n = map.dim(0);
-  const std::int64_t K = map.dim(1);
-  if (K > 64) return Array();
-  std::vector<std::uint64_t> key(static_cast<std::size_t>(n), 0);
-  const std::int32_t* m = map.data<std::int32_t>();
-  for (std::int64_t o = 0; o < n; ++o)
-    for (std::int64_t k = 0; k < K; ++k)
-      if (m[o * K + k] >= 0) key[static_cast<std::size_t>(o)] |= std::uint64_t{1} << k;
+  if (map.dim(1) > 64) return Array();
+  const Array masks = relation_cpu_hash_row_masks(map);  // (n, 1) words: the keys
+  const auto* key = reinterpret_cast<const std::uint64_t*>(masks.data<std::int64_t>());
   Array order = Array::empty({n}, Dtype::i32);
   std::int32_t* ord = order.data<std::int32_t>();
   for (std::int64_t o = 0; o < n; ++o) ord[o] = static_cast<std::int32_t>(o);
-  std::stable_sort(ord, ord + n, [&](std::int32_t a, std::int32_t b) {
-    return key[static_cast<std::size_t>(a)] < key[static_cast<std::size_t>(b)];
-  });
+  std::stable_sort(ord, ord + n, [&](std::int32_t a, std::int32_t b) { return key[a] < key[b]; });
   return order;
 }
 

@@ -586,37 +586,8 @@ Array device_row_masks(const Array& map) {
   return masks;
 }
 
-// key[o] = the offset mask of row o (bit k iff map[o, k] >= 0), K <= 64.
-template <class Key>
-__global__ void mask_key_kernel(const std::int32_t* map, std::int64_t n, std::int64_t K, Key* key) {
-  LATTICE_GRID_STRIDE(o, n) {
-    Key word = 0;
-    for (std::int64_t k = 0; k < K; ++k) {
-      if (map[o * K + k] >= 0) word |= Key{1} << k;
-    }
-    key[o] = word;
-  }
-}
-
-template <class Key>
-Array row_order_by(const Array& map, Device device) {
-  const std::int64_t n = map.dim(0);
-  const std::int64_t K = map.dim(1);
-  Array keys = Array::empty({n * static_cast<std::int64_t>(sizeof(Key))}, Dtype::u8, device);
-  Array sorted_keys = Array::empty({n * static_cast<std::int64_t>(sizeof(Key))}, Dtype::u8, device);
-  Array iota = Array::empty({n}, Dtype::i32, device);
-  Array order = Array::empty({n}, Dtype::i32, device);
-  Key* kp = reinterpret_cast<Key*>(keys.raw_data());
-  mask_key_kernel<Key><<<grid_for(n), kThreads, 0, stream_of(device)>>>(map.data<std::int32_t>(), n, K, kp);
-  LATTICE_CUDA_CHECK_LAUNCH();
-  fill_iota(iota.data<std::int32_t>(), n, device);
-  stable_sort_pairs(kp, reinterpret_cast<Key*>(sorted_keys.raw_data()), iota.data<std::int32_t>(),
-                    order.data<std::int32_t>(), n, static_cast<int>(K), device);
-  return order;
-}
-
-// Rows stably sorted by their offset mask (CUB's LSD radix sort is stable): equal to the cpu_hash
-// route's order bitwise. No read-back.
+// Rows stably sorted by their offset mask (the row_masks word, K <= 64; CUB's LSD radix sort is
+// stable): equal to the cpu_hash route's order bitwise. No read-back.
 Array device_row_order(const Array& map) {
   const Device device = map.device();
   DeviceGuard guard(device.index);
@@ -624,7 +595,15 @@ Array device_row_order(const Array& map) {
   const std::int64_t K = map.dim(1);
   if (K > 64) return Array();
   if (n == 0) return Array::empty({0}, Dtype::i32, device);
-  return K <= 32 ? row_order_by<std::uint32_t>(map, device) : row_order_by<std::uint64_t>(map, device);
+  const Array masks = device_row_masks(map);  // (n, 1) words: the keys
+  Array sorted_keys = Array::empty({n}, Dtype::i64, device);
+  Array iota = Array::empty({n}, Dtype::i32, device);
+  Array order = Array::empty({n}, Dtype::i32, device);
+  fill_iota(iota.data<std::int32_t>(), n, device);
+  stable_sort_pairs(reinterpret_cast<const std::uint64_t*>(masks.raw_data()),
+                    reinterpret_cast<std::uint64_t*>(sorted_keys.raw_data()), iota.data<std::int32_t>(),
+                    order.data<std::int32_t>(), n, static_cast<int>(K), device);
+  return order;
 }
 
 DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args) {
