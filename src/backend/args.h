@@ -454,6 +454,12 @@ struct DeviceEdgeArgs {
   std::array<std::int64_t, 3> stride{1, 1, 1};
   std::array<std::int64_t, 3> padding{0, 0, 0};
   bool scatter = false;
+  // What the caller knows from the geometry alone (relation.cpp edge_hints), so a device route
+  // need not read it back: the edge count (-1: unknown), and that the relation is the identity
+  // (K == 1, output rows == input rows, every row reaching itself; implies n_edges == n_in).
+  // The CPU route computes both anyway and checks them against the hints.
+  std::int64_t known_edges = -1;
+  bool known_identity = false;
 };
 // Every view of a Relation (lattice/tensor/relation.h), same dtypes, shapes and order as the CPU
 // build: map (n_out, K) int32; out_ptr (n_out + 1) int64; in_idx / out_idx / k_idx (E) int32

@@ -162,6 +162,42 @@ Array generated_support(const backend::RelationKernels& kernels, const Array& co
   return std::move(result.coords);
 }
 
+// What the geometry alone says about a relation's edges, so that a device route need not read
+// the count back (one host synchronisation each; docs/gpu.md "Host synchronisation"):
+// * identity: kernel volume 1 onto the input's own rows (submanifold, or forward at stride 1)
+//   whose one offset cancels the padding: every row reaches exactly itself (rows are unique);
+// * a partition: a forward relation onto its generated downsample support whose kernel tiles the
+//   stride exactly (size == stride, unit dilation, offsets - padding spanning [0, stride)): every
+//   input row lies in exactly one output window at exactly one offset, so E == n_in. The k2 s2
+//   convs of U-Nets are this case.
+// The CPU route checks both against what it finds (relation_cpu_hash_edges).
+struct EdgeHints {
+  std::int64_t known_edges = -1;
+  bool identity = false;
+};
+
+EdgeHints edge_hints(RelationKind kind, const KernelSpec& spec, bool centered, const Triple64& s,
+                     const Triple64& p, bool onto_input, bool generated, std::int64_t n_in) {
+  EdgeHints h;
+  std::int64_t off0[3];
+  geometry::kernel_offset(0, spec, centered, off0);
+  const bool scatter = is_transposed_kind(kind);
+  if (!scatter && onto_input && spec.volume() == 1 && s == Triple64{1, 1, 1} && off0[0] == p[0] &&
+      off0[1] == p[1] && off0[2] == p[2]) {
+    h.identity = true;
+    h.known_edges = n_in;
+    return h;
+  }
+  if (kind == RelationKind::forward && generated && !spec.expand) {
+    for (int a = 0; a < 3; ++a) {
+      const bool tiles = spec.size[a] == s[a] && (spec.size[a] == 1 || spec.dilation[a] == 1) && off0[a] == p[a];
+      if (!tiles) return h;
+    }
+    h.known_edges = n_in;
+  }
+  return h;
+}
+
 BuiltRelation build_with_route(const backend::RelationKernels& kernels, const CoordinateSet& input,
                                const CoordIndex& input_index, RelationKind kind, const KernelSpec& spec,
                                const CoordinateSet* target, std::string_view op, std::int64_t K,
@@ -222,6 +258,10 @@ BuiltRelation build_with_route(const backend::RelationKernels& kernels, const Co
   args.stride = triple(s);
   args.padding = triple(p);
   args.scatter = is_transposed_kind(kind);
+  const EdgeHints hints = edge_hints(kind, spec, centered, s, p, &output == &input, built.generated != nullptr,
+                                     input.size());
+  args.known_edges = hints.known_edges;
+  args.known_identity = hints.identity;
   backend::DeviceEdges edges = kernels.edges(args);
   RelationBuilder::adopt_edges(*r, std::move(edges));
 
@@ -337,6 +377,7 @@ const Array& Relation::input_gemm_map() const {
 
 const Array& Relation::gemm_order() const {
   std::call_once(order_once_, [this] {
+    if (identity) return;  // every row has the one offset: index order is the mask order
     const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "gemm_order"));
     if (kernels.row_order) gemm_order_ = kernels.row_order(gemm_map());
   });
@@ -345,6 +386,7 @@ const Array& Relation::gemm_order() const {
 
 const Array& Relation::input_gemm_order() const {
   std::call_once(input_order_once_, [this] {
+    if (identity) return;
     const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "input_gemm_order"));
     if (kernels.row_order) input_gemm_order_ = kernels.row_order(input_gemm_map());
   });

@@ -84,6 +84,56 @@ def test_fresh_tensor_syncs_are_bounded_per_relation() -> None:
     assert syncs <= 44, f"{syncs} host syncs for one fresh forward (40 measured on the H200, 2026-12-01)"
 
 
+def test_each_relation_reads_back_only_what_sizes_its_output() -> None:
+    """Read-backs per relation kind on a fresh tensor (float16: the implicit-GEMM route, which
+    needs no per-offset bounds on the host), counted with ``lattice.cuda.host_syncs()``:
+
+    * a 1x1 submanifold conv: only the fresh set's duplicate check (1); its relation is the
+      identity by geometry (nothing hashed, nothing read back);
+    * a k2 s2 conv: the generated support's row count (1); its edge count is n_in by geometry;
+    * a 3^3 submanifold conv on that support: its edge count (1; the support is unique by
+      construction, so no duplicate check);
+    * the k2 s2 transposed conv back onto the input: the reused transpose (0).
+
+    A regression that adds a read-back to any of these kinds changes a count here."""
+    rng = np.random.default_rng(11)
+    coords = torch.from_numpy(random_coords(rng, 3000, batches=2, extent=30, spread=20)).to(DEV)
+    g = torch.Generator().manual_seed(11)
+    feats = torch.randn(coords.shape[0], 16, generator=g).half().to(DEV)
+    w1 = (torch.randn(16, 1, 1, 1, 16, generator=g) * 0.1).half().to(DEV)
+    w2 = (torch.randn(16, 2, 2, 2, 16, generator=g) * 0.1).half().to(DEV)
+    w3 = (torch.randn(16, 3, 3, 3, 16, generator=g) * 0.1).half().to(DEV)
+
+    def counted(x):
+        counts = {}
+        torch.cuda.synchronize()
+        before = lattice.cuda.host_syncs()
+
+        def mark(name):
+            nonlocal before
+            torch.cuda.synchronize()
+            now = lattice.cuda.host_syncs()
+            counts[name] = now - before
+            before = now
+
+        lattice.ops.subm_conv3d(x, w1)
+        mark("1x1 submanifold")
+        z = lattice.ops.conv3d(x, w2, stride=2)
+        mark("k2 s2")
+        lattice.ops.subm_conv3d(z, w3)
+        mark("3^3 submanifold at stride 2")
+        lattice.ops.conv_transpose3d(z, w2, stride=2, coordinates=x)
+        mark("k2 s2 transposed onto the input")
+        return counts
+
+    with torch.no_grad():
+        counted(SparseTensor(coords.clone(), feats.clone()))  # warm: kernels loaded, pool filled
+        counts = counted(SparseTensor(coords.clone(), feats.clone()))
+    print("host syncs per relation:", counts)
+    assert counts == {"1x1 submanifold": 1, "k2 s2": 1, "3^3 submanifold at stride 2": 1,
+                      "k2 s2 transposed onto the input": 0}, counts
+
+
 def test_warm_inference_makes_no_allocator_driver_calls() -> None:
     model = _model(torch.float16).eval()
     x = _scene()

@@ -43,6 +43,7 @@ GEOMS = {
     "k2s2": ("conv3d", 2, {"stride": 2}, 8),
     "k4s1": ("conv3d", 4, {}, 64),  # the widest mask (64-bit keys)
     "subm5": ("subm_conv3d", 5, {}, 125),  # no order
+    "subm1": ("subm_conv3d", 1, {}, 1),  # the identity: no order (index order is the mask order)
 }
 
 
@@ -82,8 +83,10 @@ def test_order_is_the_stable_mask_order(device, geom) -> None:
     rel = p.relation
     kvol = GEOMS[geom][3]
     assert rel.kernel_volume == kvol
-    if kvol > 64:
+    if kvol > 64 or kvol == 1:
         assert rel.gemm_order() is None and rel.input_gemm_order() is None
+        if kvol == 1:
+            assert rel.identity and rel.n_edges == rel.n_out == rel.n_in
         return
     a = {k: _np(v) for k, v in rel.arrays().items()}
     assert rel.n_edges > rel.n_out, "the case must have neighbours"

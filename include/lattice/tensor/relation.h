@@ -58,7 +58,8 @@ class Relation {
   const Array& input_gemm_map() const;
   // The order implicit-GEMM tiles take the rows of gemm_map() / input_gemm_map() in: int32 (n_out)
   // / (n_in), the rows stably sorted by their offset mask, so that a tile's rows share offsets and
-  // the tile visits few of them. Undefined for kernel volumes above 64. Built on first use on the
+  // the tile visits few of them. Undefined for kernel volumes above 64 and for the identity
+  // relation (every row has its one offset: index order is the mask order). Built on first use on the
   // relation's device; a function of the map alone (the same on every device and run).
   const Array& gemm_order() const;
   const Array& input_gemm_order() const;

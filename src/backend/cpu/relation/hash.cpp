@@ -461,6 +461,11 @@ DeviceEdges relation_cpu_hash_edges(const DeviceEdgeArgs& args) {
   fill_output_major(edges, map, n_out, K);
   fill_per_offset(edges, n_out, K);
   edges.identity = is_identity(edges, args.input.dim(0), n_out, K);
+  // The caller's geometric hints (which a device route trusts instead of reading counts back)
+  // must agree with what was found: every CPU build checks them.
+  LATTICE_ASSERT(args.known_edges < 0 || args.known_edges == edges.n_edges,
+                 "relation edge-count hint disagrees with the edges found");
+  LATTICE_ASSERT(!args.known_identity || edges.identity, "relation identity hint disagrees with the edges found");
   edges.map = std::move(map);
   return edges;
 }

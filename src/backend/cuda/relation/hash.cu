@@ -444,9 +444,10 @@ namespace {
 
 // Every view of DeviceEdges from the (n_out, K) map in r.map: the output-major list by a per-row
 // count scan, the per-offset grouping by compacting the map in k-major order. `known_edges` >= 0
-// skips reading the edge count back (the caller knows it).
+// skips reading the edge count back (the caller knows it); `known_identity` skips the identity
+// test and its read-back.
 void edges_from_map(DeviceEdges& r, std::int64_t n_in, std::int64_t n_out, std::int64_t K, Device device,
-                    std::int64_t known_edges) {
+                    std::int64_t known_edges, bool known_identity = false) {
   cudaStream_t s = stream_of(device);
   const std::int64_t pairs = n_out * K;
   const std::int32_t* map = r.map.data<std::int32_t>();
@@ -490,7 +491,9 @@ void edges_from_map(DeviceEdges& r, std::int64_t n_in, std::int64_t n_out, std::
   }
 
   // identity: edges exactly (i, i, 0) for every row.
-  if (K == 1 && n_in == n_out && E == n_in) {
+  if (known_identity) {
+    r.identity = true;
+  } else if (K == 1 && n_in == n_out && E == n_in) {
     if (E == 0) {
       r.identity = true;
     } else {
@@ -525,8 +528,15 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
   const std::int64_t pairs = n_out * K;
   DeviceEdges r;
 
-  // The (n_out, K) map.
+  // The (n_out, K) map. The identity (the caller's hint: K == 1 onto the input's own unique rows)
+  // maps every row to itself, which is what the lookup would find: no hashing, no read-back.
   r.map = Array::empty({n_out, K}, Dtype::i32, device);
+  if (args.known_identity) {
+    LATTICE_ASSERT(K == 1 && n_in == n_out, "identity hint on a relation that cannot be the identity");
+    if (n_out > 0) fill_iota(r.map.data<std::int32_t>(), n_out, device);
+    edges_from_map(r, n_in, n_out, K, device, n_out, true);
+    return r;
+  }
   if (pairs > 0) {
     CoordTableView view{rows_of(args.input),
                         args.input_table && args.input_table->slots.defined()
@@ -539,7 +549,7 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
                                                     args.scatter, r.map.data<std::int32_t>());
     LATTICE_CUDA_CHECK_LAUNCH();
   }
-  edges_from_map(r, n_in, n_out, K, device, -1);
+  edges_from_map(r, n_in, n_out, K, device, args.known_edges);
   return r;
 }
 
