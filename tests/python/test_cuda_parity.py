@@ -577,7 +577,8 @@ def _relation_arrays(p: Any) -> dict[str, torch.Tensor]:
     out["input_gemm_map"] = lattice._core.from_core(rel.input_gemm_map())
     for name in ("gemm_order", "input_gemm_order"):
         order = getattr(rel, name)()
-        assert (order is None) == (rel.kernel_volume > 64), f"{name} defined iff K <= 64"
+        assert (order is None) == (rel.kernel_volume > 64 or rel.identity), \
+            f"{name} defined iff K <= 64 and the relation is not the identity"
         out[name] = torch.zeros(0) if order is None else lattice._core.from_core(order)
     return out
 
