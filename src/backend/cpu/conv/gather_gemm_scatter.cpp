@@ -6,7 +6,11 @@
 // in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
 // runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
 // rows it owns; a block whose source and destination rows are both consecutive (a submanifold
-// kernel's centre offset) is multiplied in place instead (f32/f64). Input gradient needs the
+// kernel's centre offset) is multiplied in place instead (f32/f64). f32 on a CPU with AVX2 + FMA
+// takes the fused kernel of common/fused_rows.h instead of gather + BLIS + scatter: W[k] packed
+// once per call into 16-column panels shared by all chunks, each chunk's slice of an offset read
+// and added in place by 6 x 16 register tiles (no copies, no per-call BLIS set-up; issue 17,
+// docs/performance.md "GEMM passes"). Input gradient needs the
 // input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
 // gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
 // each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out).
@@ -27,8 +31,10 @@
 // or the schedule, so results are identical for any number of threads.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "backend/cpu/common/fused_rows.h"
 #include "backend/cpu/common/gemm_support.h"
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernels.h"
@@ -77,6 +83,34 @@ void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_
   const std::vector<std::int64_t> bounds = chunk_bounds(dst_ptr, n_dst);
   const auto chunks = static_cast<std::int64_t>(bounds.size()) - 1;
   const int threads = chunks > 1 ? detail::threads_for(rel.n_edges * c_src * c_dst) : 1;
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::fused_rows_available()) {
+      // Fused path (fused_rows.h): every W[k] packed once per call into 16-column panels that
+      // all chunks share; each chunk's slice of an offset is one call, read and written in place.
+      const std::int64_t panel_size = detail::packed_panels_size(c_src, c_dst);
+      detail::AlignedFloats packed;
+      packed.resize(rel.kernel_volume * panel_size);
+#pragma omp parallel num_threads(threads)
+      {
+#pragma omp for schedule(static)
+        for (std::int64_t k = 0; k < rel.kernel_volume; ++k)
+          detail::pack_panels(w + k * c_in * c_out, rsw, csw, c_src, c_dst, packed.data + k * panel_size);
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          const std::int64_t r0 = bounds[static_cast<std::size_t>(c)];
+          const std::int64_t r1 = bounds[static_cast<std::size_t>(c) + 1];
+          for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
+            const std::int32_t* seg = dst_rows + rel.k_ptr[k];
+            const std::int32_t* seg_end = dst_rows + rel.k_ptr[k + 1];
+            const std::int64_t lo = std::lower_bound(seg, seg_end, r0) - dst_rows;
+            const std::int64_t hi = std::lower_bound(seg, seg_end, r1) - dst_rows;
+            detail::fused_rows_f32(src, c_src, src_rows, dst_rows, lo, hi, packed.data + k * panel_size, c_dst, acc);
+          }
+        }
+      }
+      return;
+    }
+  }
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<Accum<T>> scratch;
@@ -134,10 +168,19 @@ void input_grad(const ConvArgs& a) {
     // small next to the edges): read through strides (column stride C_out), BLIS re-packed every
     // per-(chunk, offset) GEMM's B from a transposed view, which made this pass 8-30% slower than
     // the forward on the same relation (issue 17, docs/performance.md).
-    detail::transpose_weights(static_cast<const T*>(a.w), rel.kernel_volume, a.c_in, a.c_out, w_buf);
+    bool fused = false;  // the fused f32 path packs W[k]^T into its panels from the strided view
+    if constexpr (std::is_same_v<T, float>) fused = detail::fused_rows_available();
+    const A* wt = static_cast<const A*>(a.w);
+    std::int64_t rsw = 1, csw = a.c_out;
+    if (!fused) {
+      detail::transpose_weights(static_cast<const T*>(a.w), rel.kernel_volume, a.c_in, a.c_out, w_buf);
+      wt = w_buf.data();
+      rsw = a.c_in;
+      csw = 1;
+    }
     accumulate_by_destination<T>(rel, rel.in_ptr, rel.n_in, rel.kt_in, rel.kt_out,
-                                 static_cast<const T*>(a.dy), a.c_out, w_buf.data(), a.c_in, 1, a.c_in,
-                                 acc, a.c_in, a.c_out);
+                                 static_cast<const T*>(a.dy), a.c_out, wt, rsw, csw, a.c_in, acc, a.c_in,
+                                 a.c_out);
   }
   detail::store_all(acc, rel.n_in * a.c_in, dx);
 }
