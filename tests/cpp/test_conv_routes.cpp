@@ -468,9 +468,9 @@ TYPED_TEST(ConvGatherGemmScatter, SubmanifoldCentreRunsInPlaceMatchReference) {
   }
 }
 
-// f32 forward and input_grad of gather_gemm_scatter take the fused AVX2 + FMA kernel
-// (backend/cpu/common/fused_rows.h: source rows read in place, W[k] packed once per call) on CPUs
-// that have it, and the BLIS gather/GEMM/scatter path elsewhere (f16/bf16/f64 always take BLIS).
+// f32 forward, input_grad and weight_grad of gather_gemm_scatter take the fused AVX2 + FMA
+// kernels (backend/cpu/common/fused_rows.h: rows read in place, W[k] packed once per call; the
+// weight gradient in edge blocks of 16-256 edges) on CPUs that have them, and the BLIS gather/GEMM/scatter path elsewhere (f16/bf16/f64 always take BLIS).
 // The typed tests above hold whichever path this machine takes for f32; this one switches the
 // fused kernel off and on around the same problems, so both f32 paths are checked against the
 // reference, and each for bitwise equality across runs and thread counts, on any CPU with AVX2.

@@ -150,9 +150,153 @@ LATTICE_AVX2_FMA void fused_rows_avx2(const float* src, std::int64_t c_src, cons
     }
   }
 }
+
+// dw[r * ld + j] += sum_e xp[e][cx0 + r] * dp[e][co0 + j] for r < R, j < ncols: R rows of a
+// weight gradient by 16 columns, summed over the block's edges in order (one FMA chain per
+// element), then one add into dw. kTail: ncols < 16, dy read with masked loads (the row ends).
+template <int R, bool kTail>
+LATTICE_AVX2_FMA inline void wg_tile(const float* const* xp, const float* const* dp, std::int64_t m,
+                                     std::int64_t cx0, std::int64_t co0, float* dw, std::int64_t ld,
+                                     std::int64_t ncols) {
+  static_assert(R >= 1 && R <= 6);
+  __m256i mask_lo = _mm256_setzero_si256(), mask_hi = mask_lo;
+  if constexpr (kTail) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    mask_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols)), lane);
+    mask_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols) - 8), lane);
+  }
+  __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0,
+         l4 = l0, h4 = l0, l5 = l0, h5 = l0;
+  for (std::int64_t e = 0; e < m; ++e) {
+    const float* xr = xp[e] + cx0;
+    const float* dr = dp[e] + co0;
+    __m256 b0, b1;
+    if constexpr (kTail) {
+      b0 = _mm256_maskload_ps(dr, mask_lo);
+      b1 = _mm256_maskload_ps(dr + 8, mask_hi);
+    } else {
+      b0 = _mm256_loadu_ps(dr);
+      b1 = _mm256_loadu_ps(dr + 8);
+    }
+    __m256 av = _mm256_broadcast_ss(xr);
+    l0 = _mm256_fmadd_ps(av, b0, l0);
+    h0 = _mm256_fmadd_ps(av, b1, h0);
+    if constexpr (R > 1) {
+      av = _mm256_broadcast_ss(xr + 1);
+      l1 = _mm256_fmadd_ps(av, b0, l1);
+      h1 = _mm256_fmadd_ps(av, b1, h1);
+    }
+    if constexpr (R > 2) {
+      av = _mm256_broadcast_ss(xr + 2);
+      l2 = _mm256_fmadd_ps(av, b0, l2);
+      h2 = _mm256_fmadd_ps(av, b1, h2);
+    }
+    if constexpr (R > 3) {
+      av = _mm256_broadcast_ss(xr + 3);
+      l3 = _mm256_fmadd_ps(av, b0, l3);
+      h3 = _mm256_fmadd_ps(av, b1, h3);
+    }
+    if constexpr (R > 4) {
+      av = _mm256_broadcast_ss(xr + 4);
+      l4 = _mm256_fmadd_ps(av, b0, l4);
+      h4 = _mm256_fmadd_ps(av, b1, h4);
+    }
+    if constexpr (R > 5) {
+      av = _mm256_broadcast_ss(xr + 5);
+      l5 = _mm256_fmadd_ps(av, b0, l5);
+      h5 = _mm256_fmadd_ps(av, b1, h5);
+    }
+  }
+  add_row(dw, l0, h0, ncols);
+  if constexpr (R > 1) add_row(dw + ld, l1, h1, ncols);
+  if constexpr (R > 2) add_row(dw + 2 * ld, l2, h2, ncols);
+  if constexpr (R > 3) add_row(dw + 3 * ld, l3, h3, ncols);
+  if constexpr (R > 4) add_row(dw + 4 * ld, l4, h4, ncols);
+  if constexpr (R > 5) add_row(dw + 5 * ld, l5, h5, ncols);
+}
+
+template <bool kTail>
+LATTICE_AVX2_FMA inline void wg_tile_rows(int rows, const float* const* xp, const float* const* dp,
+                                          std::int64_t m, std::int64_t cx0, std::int64_t co0, float* dw,
+                                          std::int64_t ld, std::int64_t ncols) {
+  switch (rows) {
+    case 6: wg_tile<6, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+    case 5: wg_tile<5, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+    case 4: wg_tile<4, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+    case 3: wg_tile<3, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+    case 2: wg_tile<2, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+    default: wg_tile<1, kTail>(xp, dp, m, cx0, co0, dw, ld, ncols); break;
+  }
+}
+
+LATTICE_AVX2_FMA void fused_weight_grad_avx2(const float* x, std::int64_t c_x, const std::int32_t* x_rows,
+                                             const float* dy, std::int64_t c_dy, const std::int32_t* dy_rows,
+                                             std::int64_t n, std::int64_t c0, std::int64_t c1, float* dw) {
+  const std::int64_t cw = c1 - c0;
+  const std::int64_t block = fused_weight_grad_edge_block(cw, c_dy);
+  const std::int64_t row_tiles = (cw + kRowsPerTile - 1) / kRowsPerTile;
+  const std::int64_t panels = (c_dy + kPanelCols - 1) / kPanelCols;
+  const std::int64_t tiles = row_tiles * panels;
+  const std::int64_t x_bytes = cw * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t dy_bytes = c_dy * static_cast<std::int64_t>(sizeof(float));
+  const float* xp[kMaxWeightGradBlock];
+  const float* dp[kMaxWeightGradBlock];
+  std::fill_n(dw, cw * c_dy, 0.0F);
+  for (std::int64_t b0 = 0; b0 < n; b0 += block) {
+    const std::int64_t m = std::min(block, n - b0);
+    for (std::int64_t e = 0; e < m; ++e) {
+      xp[e] = x + std::int64_t{x_rows[b0 + e]} * c_x;
+      dp[e] = dy + std::int64_t{dy_rows[b0 + e]} * c_dy;
+    }
+    // the next block's rows, requested a slice per tile while this block runs
+    const std::int64_t next0 = b0 + m;
+    const std::int64_t next_m = std::min(block, n - next0);
+    std::int64_t t = 0;
+    for (std::int64_t rt = 0; rt < row_tiles; ++rt) {
+      const int rows = static_cast<int>(std::min(kRowsPerTile, cw - rt * kRowsPerTile));
+      for (std::int64_t p = 0; p < panels; ++p, ++t) {
+        if (next_m > 0) {
+          for (std::int64_t e = t * next_m / tiles; e < (t + 1) * next_m / tiles; ++e) {
+            prefetch_row(x + std::int64_t{x_rows[next0 + e]} * c_x + c0, x_bytes, 0);
+            prefetch_row(dy + std::int64_t{dy_rows[next0 + e]} * c_dy, dy_bytes, 0);
+          }
+        }
+        const std::int64_t co0 = p * kPanelCols;
+        const std::int64_t ncols = std::min(kPanelCols, c_dy - co0);
+        float* d = dw + rt * kRowsPerTile * c_dy + co0;
+        if (ncols == kPanelCols) {
+          wg_tile_rows<false>(rows, xp, dp, m, c0 + rt * kRowsPerTile, co0, d, c_dy, ncols);
+        } else {
+          wg_tile_rows<true>(rows, xp, dp, m, c0 + rt * kRowsPerTile, co0, d, c_dy, ncols);
+        }
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace
+
+std::int64_t fused_weight_grad_edge_block(std::int64_t c_x, std::int64_t c_dy) {
+  // About 16 KiB of rows (x and dy) per block, half the 32 KiB L1d, so that the block's rows
+  // stay in L1 while its tiles sweep them (each tile reads 6 of x's and 16 of dy's columns per
+  // edge). Measured on kitti, 1 thread (docs/performance.md, "GEMM passes"): 64 KiB blocks (L2)
+  // ran C=64 in 42 ms, 16 KiB in 28-30 ms; 8-24 KiB within noise of each other.
+  const std::int64_t width = std::max<std::int64_t>(c_x + c_dy, 1);
+  return std::clamp<std::int64_t>(4096 / width, 16, kMaxWeightGradBlock);
+}
+
+void fused_weight_grad_f32(const float* x, std::int64_t c_x, const std::int32_t* x_rows, const float* dy,
+                           std::int64_t c_dy, const std::int32_t* dy_rows, std::int64_t n, std::int64_t c0,
+                           std::int64_t c1, float* dw_rows) {
+  LATTICE_ASSERT(cpu_has_avx2_fma(), "fused_weight_grad_f32: called on a CPU without AVX2 + FMA");
+  LATTICE_ASSERT(x_rows != nullptr && dy_rows != nullptr, "fused_weight_grad_f32: row lists are null");
+#if LATTICE_FUSED_X86
+  if (c1 > c0 && c_dy > 0) fused_weight_grad_avx2(x, c_x, x_rows, dy, c_dy, dy_rows, n, c0, c1, dw_rows);
+#else
+  (void)x, (void)c_x, (void)dy, (void)c_dy, (void)n, (void)c0, (void)c1, (void)dw_rows;
+#endif
+}
 
 bool fused_rows_available() { return g_enabled.load(std::memory_order_relaxed) && cpu_has_avx2_fma(); }
 

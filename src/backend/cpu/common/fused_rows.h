@@ -46,6 +46,18 @@ void fused_rows_f32(const float* src, std::int64_t c_src, const std::int32_t* sr
                     const std::int32_t* dst_rows, std::int64_t r0, std::int64_t r1,
                     const float* packed_w, std::int64_t c_dst, float* acc);
 
+// Weight gradient over gathered rows, in place:
+//   dw_rows (c1 - c0, c_dy) = sum_e x[x_rows[e], c0:c1]^T dy[dy_rows[e], :] for e in [0, n)
+// (overwritten). Edges run in blocks of fused_weight_grad_edge_block(c1 - c0, c_dy); each
+// block's 6 x 16 register tiles are summed over the block's edges in order and added once into
+// dw_rows, blocks in order: a fixed, data-only summation order. Precondition:
+// fused_rows_available(); row lists non-null.
+inline constexpr std::int64_t kMaxWeightGradBlock = 256;
+std::int64_t fused_weight_grad_edge_block(std::int64_t c_x, std::int64_t c_dy);
+void fused_weight_grad_f32(const float* x, std::int64_t c_x, const std::int32_t* x_rows, const float* dy,
+                           std::int64_t c_dy, const std::int32_t* dy_rows, std::int64_t n, std::int64_t c0,
+                           std::int64_t c1, float* dw_rows);
+
 // A 64-byte aligned float buffer (panels are read with aligned loads).
 struct AlignedFloats {
   std::vector<float> storage;

@@ -13,7 +13,9 @@
 // docs/performance.md "GEMM passes"). Input gradient needs the
 // input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
 // gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
-// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out).
+// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out)
+// (f32 on AVX2 + FMA: fused_weight_grad_f32, register tiles over L1-sized edge blocks read in
+// place, no gathered copies).
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
 //   x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null, y (n_out, C_out),
@@ -213,6 +215,8 @@ void weight_grad(const ConvArgs& a) {
       return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
     });
   }
+  bool fused = false;  // f32 on AVX2 + FMA: the fused kernel reads the rows in place (fused_rows.h)
+  if constexpr (std::is_same_v<T, float>) fused = detail::fused_rows_available();
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;
@@ -228,6 +232,14 @@ void weight_grad(const ConvArgs& a) {
       if (n == 0) {
         std::fill_n(dst, (c1 - c0) * a.c_out, A{0});
         continue;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        if (fused) {
+          detail::fused_weight_grad_f32(static_cast<const float*>(a.x), a.c_in, rel.k_in + begin,
+                                        static_cast<const float*>(a.dy), a.c_out, rel.k_out + begin, n, c0,
+                                        c1, dst);
+          continue;
+        }
       }
       detail::weight_grad_rows<T>(static_cast<const T*>(a.x), a.c_in, rel.k_in + begin,
                                   static_cast<const T*>(a.dy), a.c_out, rel.k_out + begin, n, c0, c1,
