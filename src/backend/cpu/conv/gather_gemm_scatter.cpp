@@ -73,20 +73,33 @@ std::vector<std::int64_t> chunk_bounds(const std::int64_t* ptr, std::int64_t row
   return bounds;
 }
 
+// True when the f32 fused kernels (common/fused_rows.h) run this problem's passes.
+template <class T>
+bool uses_fused() {
+  if constexpr (std::is_same_v<T, float>) {
+    return detail::fused_rows_available();
+  } else {
+    return false;
+  }
+}
+
 // acc (n_dst, c_dst) += sum_k scatter_{dst_k}(gather_{src_k}(src) @ W_k), W_k = w + k*c_in*c_out
 // read with strides (rsw, csw). `dst_rows` / `src_rows` are a per-offset grouping (k_ptr) whose
 // segments are sorted by destination row; `dst_ptr` (n_dst + 1) counts edges per destination
-// row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T).
+// row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T). The fused f32 path
+// (uses_fused<T>()) also initialises acc to `bias` (or zero when null) chunk by chunk; the other
+// path expects acc initialised by the caller.
 template <class T>
 void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_ptr, std::int64_t n_dst,
                                const std::int32_t* dst_rows, const std::int32_t* src_rows, const T* src,
                                std::int64_t c_src, const Accum<T>* w, std::int64_t rsw, std::int64_t csw,
-                               std::int64_t c_dst, Accum<T>* acc, std::int64_t c_in, std::int64_t c_out) {
+                               std::int64_t c_dst, Accum<T>* acc, std::int64_t c_in, std::int64_t c_out,
+                               const T* bias = nullptr) {
   const std::vector<std::int64_t> bounds = chunk_bounds(dst_ptr, n_dst);
   const auto chunks = static_cast<std::int64_t>(bounds.size()) - 1;
   const int threads = chunks > 1 ? detail::threads_for(rel.n_edges * c_src * c_dst) : 1;
   if constexpr (std::is_same_v<T, float>) {
-    if (detail::fused_rows_available()) {
+    if (uses_fused<T>()) {
       // Fused path (fused_rows.h): every W[k] packed once per call into 16-column panels that
       // all chunks share; each chunk's slice of an offset is one call, read and written in place.
       const std::int64_t panel_size = detail::packed_panels_size(c_src, c_dst);
@@ -101,6 +114,12 @@ void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_
         for (std::int64_t c = 0; c < chunks; ++c) {
           const std::int64_t r0 = bounds[static_cast<std::size_t>(c)];
           const std::int64_t r1 = bounds[static_cast<std::size_t>(c) + 1];
+          // The chunk's own rows start at the bias (or zero) here, in the region that sums into
+          // them and while they are about to be used: no separate fill pass and fork/join.
+          for (std::int64_t r = r0; r < r1; ++r) {
+            float* d = acc + r * c_dst;
+            for (std::int64_t j = 0; j < c_dst; ++j) d[j] = bias ? bias[j] : 0.0F;
+          }
           for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
             const std::int32_t* seg = dst_rows + rel.k_ptr[k];
             const std::int32_t* seg_end = dst_rows + rel.k_ptr[k + 1];
@@ -144,12 +163,13 @@ void forward(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* y = static_cast<T*>(a.y);
   A* acc = detail::accum_target(y, rel.n_out * a.c_out, acc_buf);
-  detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
+  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  if (!fused) detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
   const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
   if (rel.n_edges > 0)
     accumulate_by_destination<T>(rel, rel.out_ptr, rel.n_out, rel.k_out, rel.k_in,
                                  static_cast<const T*>(a.x), a.c_in, w, a.c_out, 1, a.c_out, acc,
-                                 a.c_in, a.c_out);
+                                 a.c_in, a.c_out, static_cast<const T*>(a.bias));
   detail::store_all(acc, rel.n_out * a.c_out, y);
 }
 
@@ -162,7 +182,8 @@ void input_grad(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* dx = static_cast<T*>(a.dx);
   A* acc = detail::accum_target(dx, rel.n_in * a.c_in, acc_buf);
-  detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
+  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  if (!fused) detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
   if (rel.n_edges > 0) {
     LATTICE_ASSERT(rel.in_ptr && rel.kt_in && rel.kt_out,
                    "conv gather_gemm_scatter input_grad: input-side views (in_ptr, kt_in, kt_out) are null");
@@ -170,8 +191,7 @@ void input_grad(const ConvArgs& a) {
     // small next to the edges): read through strides (column stride C_out), BLIS re-packed every
     // per-(chunk, offset) GEMM's B from a transposed view, which made this pass 8-30% slower than
     // the forward on the same relation (issue 17, docs/performance.md).
-    bool fused = false;  // the fused f32 path packs W[k]^T into its panels from the strided view
-    if constexpr (std::is_same_v<T, float>) fused = detail::fused_rows_available();
+    // the fused f32 path packs W[k]^T into its panels from the strided view
     const A* wt = static_cast<const A*>(a.w);
     std::int64_t rsw = 1, csw = a.c_out;
     if (!fused) {
@@ -215,8 +235,7 @@ void weight_grad(const ConvArgs& a) {
       return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
     });
   }
-  bool fused = false;  // f32 on AVX2 + FMA: the fused kernel reads the rows in place (fused_rows.h)
-  if constexpr (std::is_same_v<T, float>) fused = detail::fused_rows_available();
+  const bool fused = uses_fused<T>();  // f32 on AVX2 + FMA: rows read in place (fused_rows.h)
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;
