@@ -16,9 +16,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/args.h"
+#include "backend/cpu/common/fused_rows.h"
 #include "backend/kernel_table.h"
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
@@ -463,6 +465,60 @@ TYPED_TEST(ConvGatherGemmScatter, SubmanifoldCentreRunsInPlaceMatchReference) {
     expect_bitwise_equal(first.y, other.y, "y, other thread count, " + what);
     expect_bitwise_equal(first.dx, other.dx, "dx, other thread count, " + what);
     expect_bitwise_equal(first.dw, other.dw, "dw, other thread count, " + what);
+  }
+}
+
+// f32 forward, input_grad and weight_grad of gather_gemm_scatter take the fused AVX2 + FMA
+// kernels (backend/cpu/common/fused_rows.h: rows read in place, W[k] packed once per call; the
+// weight gradient in edge blocks of 16-256 edges) on CPUs that have them, and the BLIS gather/GEMM/scatter path elsewhere (f16/bf16/f64 always take BLIS).
+// The typed tests above hold whichever path this machine takes for f32; this one switches the
+// fused kernel off and on around the same problems, so both f32 paths are checked against the
+// reference, and each for bitwise equality across runs and thread counts, on any CPU with AVX2.
+// The shapes include column tails of the 16-column panels (C_out 1, 3, 4, 9, 24, 33, 48) and row
+// ranges that are not multiples of the 6-row tile; the submanifold case has long consecutive runs.
+TEST(ConvGatherGemmScatterF32, FusedAndBlisPathsMatchReferenceAndAreReproducible) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    ASSERT_TRUE(detail::fused_rows_available()) << "an AVX2 + FMA CPU must take the fused f32 path";
+  }
+#endif
+  struct Restore {
+    ~Restore() { detail::set_fused_rows_enabled(true); }
+  } restore;
+  for (const bool fused : {false, true}) {
+    detail::set_fused_rows_enabled(fused);
+    const std::string path = fused && detail::fused_rows_available() ? "fused" : "blis";
+    if (!fused) {
+      ASSERT_FALSE(detail::fused_rows_available()) << "the switch must turn the fused path off";
+    }
+    std::mt19937 gen(1234);
+    for (const RandomCase& c : kRandomCases) {
+      const Relation rel = random_line_relation(c, gen);
+      const auto data = random_data<float>(rel, c.c_in, c.c_out, c.bias, gen);
+      expect_route_matches_reference(kGatherGemmScatter, rel, data, path + ", " + describe(c));
+    }
+    std::vector<int> coords = distinct_coords(2000, 0, 4000, gen);
+    std::sort(coords.begin(), coords.end());
+    const std::vector<std::pair<Relation, RandomCase>> problems = {
+        {random_line_relation(RandomCase{3000, 2500, 27, 1, 32, 48, true}, gen), {3000, 2500, 27, 1, 32, 48, true}},
+        {line_relation(coords, coords, 5, 1), {2000, 2000, 5, 1, 40, 9, true}}};
+    for (const auto& [rel, c] : problems) {
+      const auto data = random_data<float>(rel, c.c_in, c.c_out, c.bias, gen);
+      const std::string what = path + ", " + describe(c);
+      expect_route_matches_reference(kGatherGemmScatter, rel, data, what);
+      const auto first = run(kGatherGemmScatter, rel, data);
+      const auto second = run(kGatherGemmScatter, rel, data);
+      const int threads = num_threads();
+      set_num_threads(threads == 1 ? 3 : 1);
+      const auto other = run(kGatherGemmScatter, rel, data);
+      set_num_threads(threads);
+      for (const auto* out : {&second, &other}) {
+        const std::string run_what = what + (out == &second ? ", second run" : ", other thread count");
+        expect_bitwise_equal(first.y, out->y, "y, " + run_what);
+        expect_bitwise_equal(first.dx, out->dx, "dx, " + run_what);
+        expect_bitwise_equal(first.dw, out->dw, "dw, " + run_what);
+      }
+    }
   }
 }
 

@@ -6,10 +6,16 @@
 // in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
 // runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
 // rows it owns; a block whose source and destination rows are both consecutive (a submanifold
-// kernel's centre offset) is multiplied in place instead (f32/f64). Input gradient needs the
+// kernel's centre offset) is multiplied in place instead (f32/f64). f32 on a CPU with AVX2 + FMA
+// takes the fused kernel of common/fused_rows.h instead of gather + BLIS + scatter: W[k] packed
+// once per call into 16-column panels shared by all chunks, each chunk's slice of an offset read
+// and added in place by 6 x 16 register tiles (no copies, no per-call BLIS set-up; issue 17,
+// docs/performance.md "GEMM passes"). Input gradient needs the
 // input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
 // gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
-// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out).
+// each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out)
+// (f32 on AVX2 + FMA: fused_weight_grad_f32, register tiles over L1-sized edge blocks read in
+// place, no gathered copies).
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
 //   x (n_in, C_in), w (K, C_in, C_out), bias (C_out) or null, y (n_out, C_out),
@@ -27,8 +33,10 @@
 // or the schedule, so results are identical for any number of threads.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "backend/cpu/common/fused_rows.h"
 #include "backend/cpu/common/gemm_support.h"
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernels.h"
@@ -65,18 +73,65 @@ std::vector<std::int64_t> chunk_bounds(const std::int64_t* ptr, std::int64_t row
   return bounds;
 }
 
+// True when the f32 fused kernels (common/fused_rows.h) run this problem's passes.
+template <class T>
+bool uses_fused() {
+  if constexpr (std::is_same_v<T, float>) {
+    return detail::fused_rows_available();
+  } else {
+    return false;
+  }
+}
+
 // acc (n_dst, c_dst) += sum_k scatter_{dst_k}(gather_{src_k}(src) @ W_k), W_k = w + k*c_in*c_out
 // read with strides (rsw, csw). `dst_rows` / `src_rows` are a per-offset grouping (k_ptr) whose
 // segments are sorted by destination row; `dst_ptr` (n_dst + 1) counts edges per destination
-// row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T).
+// row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T). The fused f32 path
+// (uses_fused<T>()) also initialises acc to `bias` (or zero when null) chunk by chunk; the other
+// path expects acc initialised by the caller.
 template <class T>
 void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_ptr, std::int64_t n_dst,
                                const std::int32_t* dst_rows, const std::int32_t* src_rows, const T* src,
                                std::int64_t c_src, const Accum<T>* w, std::int64_t rsw, std::int64_t csw,
-                               std::int64_t c_dst, Accum<T>* acc, std::int64_t c_in, std::int64_t c_out) {
+                               std::int64_t c_dst, Accum<T>* acc, std::int64_t c_in, std::int64_t c_out,
+                               const T* bias = nullptr) {
   const std::vector<std::int64_t> bounds = chunk_bounds(dst_ptr, n_dst);
   const auto chunks = static_cast<std::int64_t>(bounds.size()) - 1;
   const int threads = chunks > 1 ? detail::threads_for(rel.n_edges * c_src * c_dst) : 1;
+  if constexpr (std::is_same_v<T, float>) {
+    if (uses_fused<T>()) {
+      // Fused path (fused_rows.h): every W[k] packed once per call into 16-column panels that
+      // all chunks share; each chunk's slice of an offset is one call, read and written in place.
+      const std::int64_t panel_size = detail::packed_panels_size(c_src, c_dst);
+      detail::AlignedFloats packed;
+      packed.resize(rel.kernel_volume * panel_size);
+#pragma omp parallel num_threads(threads)
+      {
+#pragma omp for schedule(static)
+        for (std::int64_t k = 0; k < rel.kernel_volume; ++k)
+          detail::pack_panels(w + k * c_in * c_out, rsw, csw, c_src, c_dst, packed.data + k * panel_size);
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          const std::int64_t r0 = bounds[static_cast<std::size_t>(c)];
+          const std::int64_t r1 = bounds[static_cast<std::size_t>(c) + 1];
+          // The chunk's own rows start at the bias (or zero) here, in the region that sums into
+          // them and while they are about to be used: no separate fill pass and fork/join.
+          for (std::int64_t r = r0; r < r1; ++r) {
+            float* d = acc + r * c_dst;
+            for (std::int64_t j = 0; j < c_dst; ++j) d[j] = bias ? bias[j] : 0.0F;
+          }
+          for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
+            const std::int32_t* seg = dst_rows + rel.k_ptr[k];
+            const std::int32_t* seg_end = dst_rows + rel.k_ptr[k + 1];
+            const std::int64_t lo = std::lower_bound(seg, seg_end, r0) - dst_rows;
+            const std::int64_t hi = std::lower_bound(seg, seg_end, r1) - dst_rows;
+            detail::fused_rows_f32(src, c_src, src_rows, dst_rows, lo, hi, packed.data + k * panel_size, c_dst, acc);
+          }
+        }
+      }
+      return;
+    }
+  }
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<Accum<T>> scratch;
@@ -108,12 +163,13 @@ void forward(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* y = static_cast<T*>(a.y);
   A* acc = detail::accum_target(y, rel.n_out * a.c_out, acc_buf);
-  detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
+  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  if (!fused) detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
   const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
   if (rel.n_edges > 0)
     accumulate_by_destination<T>(rel, rel.out_ptr, rel.n_out, rel.k_out, rel.k_in,
                                  static_cast<const T*>(a.x), a.c_in, w, a.c_out, 1, a.c_out, acc,
-                                 a.c_in, a.c_out);
+                                 a.c_in, a.c_out, static_cast<const T*>(a.bias));
   detail::store_all(acc, rel.n_out * a.c_out, y);
 }
 
@@ -126,7 +182,8 @@ void input_grad(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* dx = static_cast<T*>(a.dx);
   A* acc = detail::accum_target(dx, rel.n_in * a.c_in, acc_buf);
-  detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
+  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  if (!fused) detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
   if (rel.n_edges > 0) {
     LATTICE_ASSERT(rel.in_ptr && rel.kt_in && rel.kt_out,
                    "conv gather_gemm_scatter input_grad: input-side views (in_ptr, kt_in, kt_out) are null");
@@ -134,10 +191,18 @@ void input_grad(const ConvArgs& a) {
     // small next to the edges): read through strides (column stride C_out), BLIS re-packed every
     // per-(chunk, offset) GEMM's B from a transposed view, which made this pass 8-30% slower than
     // the forward on the same relation (issue 17, docs/performance.md).
-    detail::transpose_weights(static_cast<const T*>(a.w), rel.kernel_volume, a.c_in, a.c_out, w_buf);
+    // the fused f32 path packs W[k]^T into its panels from the strided view
+    const A* wt = static_cast<const A*>(a.w);
+    std::int64_t rsw = 1, csw = a.c_out;
+    if (!fused) {
+      detail::transpose_weights(static_cast<const T*>(a.w), rel.kernel_volume, a.c_in, a.c_out, w_buf);
+      wt = w_buf.data();
+      rsw = a.c_in;
+      csw = 1;
+    }
     accumulate_by_destination<T>(rel, rel.in_ptr, rel.n_in, rel.kt_in, rel.kt_out,
-                                 static_cast<const T*>(a.dy), a.c_out, w_buf.data(), a.c_in, 1, a.c_in,
-                                 acc, a.c_in, a.c_out);
+                                 static_cast<const T*>(a.dy), a.c_out, wt, rsw, csw, a.c_in, acc, a.c_in,
+                                 a.c_out);
   }
   detail::store_all(acc, rel.n_in * a.c_in, dx);
 }
@@ -170,6 +235,7 @@ void weight_grad(const ConvArgs& a) {
       return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
     });
   }
+  const bool fused = uses_fused<T>();  // f32 on AVX2 + FMA: rows read in place (fused_rows.h)
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;
@@ -185,6 +251,14 @@ void weight_grad(const ConvArgs& a) {
       if (n == 0) {
         std::fill_n(dst, (c1 - c0) * a.c_out, A{0});
         continue;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        if (fused) {
+          detail::fused_weight_grad_f32(static_cast<const float*>(a.x), a.c_in, rel.k_in + begin,
+                                        static_cast<const float*>(a.dy), a.c_out, rel.k_out + begin, n, c0,
+                                        c1, dst);
+          continue;
+        }
       }
       detail::weight_grad_rows<T>(static_cast<const T*>(a.x), a.c_in, rel.k_in + begin,
                                   static_cast<const T*>(a.dy), a.c_out, rel.k_out + begin, n, c0, c1,
