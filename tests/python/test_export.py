@@ -8,7 +8,8 @@ What each test proves:
   and run by the ``lattice-run`` binary on a KITTI scan crop (the SemanticKITTI scan when
   /work/shared/data/semantickitti is there, else the synthetic street written as a KITTI .bin):
   the runner's voxelization equals the Python recipe's, its per-point logits equal the eager
-  forward's within f32 max relative error 1e-5 (max |a - b| / max |b|) with identical argmax,
+  forward's within f32 max relative error 1e-5 (max |a - b| / max |b|) with identical argmax
+  outside rounding ties (``_assert_same_argmax``),
   its .label file holds those labels, and the Python executor equals the runner bit for bit
   (same ops, same routes: the C++ runtime adds nothing of its own to the numbers).
 * ``test_batch_norm_folding``: folding BatchNorm into the convs changes the graph (no BatchNorm
@@ -130,6 +131,27 @@ def _trained(name: str, x: lattice.SparseTensor, steps: int = 6) -> torch.nn.Mod
     return model.eval()
 
 
+def _assert_same_argmax(a: torch.Tensor, ref: torch.Tensor) -> None:
+    """The labels of ``a`` equal the reference's wherever the reference's decision is not a
+    rounding tie. A row whose two best logits differ by less than twice the largest difference
+    between ``a`` and ``ref`` (a different summation order, e.g. BatchNorm folded into the conv
+    weights or another f32 kernel, moves every logit by up to that much) may take either tied
+    class: ``a``'s class must then be within that margin of the reference's best, and such rows
+    must stay rare (at most 0.1% of the rows). Every other row's label must be identical."""
+    assert a.shape == ref.shape, (a.shape, ref.shape)
+    if ref.numel() == 0:
+        return
+    bound = 2 * float((a.double() - ref.double()).abs().max())
+    la, lr = a.argmax(1), ref.argmax(1)
+    top2 = ref.double().topk(min(2, ref.shape[1]), 1).values
+    tie = (top2[:, 0] - top2[:, -1]) <= bound
+    differ = la != lr
+    assert not bool((differ & ~tie).any()), f"{int((differ & ~tie).sum())} labels differ outside rounding ties"
+    best, chosen = ref.double().max(1).values, ref.double().gather(1, la[:, None])[:, 0]
+    assert bool(((best - chosen)[differ] <= bound).all()), "a differing label is not one of the tied classes"
+    assert int(differ.sum()) <= max(1, ref.shape[0] // 1000), f"{int(differ.sum())} tied rows differ"
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Max abs difference over max abs value; 0 for two equally shaped empty tensors (an encoder
     level can hold no rows for a small scan)."""
@@ -167,9 +189,9 @@ def test_runner_matches_python(name: str, scan_bin: str, tmp_path) -> None:
     assert runner.shape == ref_points.shape
     err = _rel(runner, ref_points)
     assert err <= 1e-5, err
-    assert torch.equal(runner.argmax(1), ref_points.argmax(1))
+    _assert_same_argmax(runner, ref_points)
     labels = np.fromfile(labels_path, dtype=np.uint32)
-    assert np.array_equal(labels.astype(np.int64), ref_points.argmax(1).numpy())
+    assert np.array_equal(labels.astype(np.int64), runner.argmax(1).numpy())  # the labels are its logits' argmax
     assert len(np.unique(labels)) >= 3  # not a constant answer
 
     # the Python executor of the same directory: bit for bit the runner's numbers
@@ -208,7 +230,7 @@ def test_batch_norm_folding(tmp_path) -> None:
     for d in ("f", "p"):
         out = lattice.load_exported(str(tmp_path / d))(x)[0].feats
         assert _rel(out, ref) <= 1e-5
-        assert torch.equal(out.argmax(1), ref.argmax(1))
+        _assert_same_argmax(out, ref)
 
 
 class _Slices(torch.nn.Module):
@@ -547,5 +569,6 @@ def test_pooling_runner_matches_python(demo_setup, scan_bin: str, tmp_path) -> N
         eager = model(x).feats[inverse]
     runner, labels = _run_runner(out_dir, scan_bin, tmp_path, "pool")
     assert _rel(runner, eager) <= 1e-5
-    assert torch.equal(runner.argmax(1), eager.argmax(1)) and len(np.unique(labels)) >= 2
+    _assert_same_argmax(runner, eager)
+    assert len(np.unique(labels)) >= 2
     assert torch.equal(lattice.load_exported(out_dir)(x)[0].feats[inverse], runner)
