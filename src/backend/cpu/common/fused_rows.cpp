@@ -2,6 +2,7 @@
 // with a function-level target attribute and chosen at run time, so the library still runs on
 // any x86-64 (and on other ISAs, where fused_rows_available() is false).
 #include "backend/cpu/common/fused_rows.h"
+#include "backend/cpu/common/gemm_support.h"  // prefetch_row
 
 #include <algorithm>
 #include <atomic>
@@ -35,17 +36,6 @@ bool cpu_has_avx2_fma() {
 // Rows of the next tile this far ahead are requested while the current tile runs (source rows
 // 1-2 KB apart are cache misses the hardware prefetchers do not predict).
 constexpr std::int64_t kRowsPerTile = 6;
-
-LATTICE_AVX2_FMA inline void prefetch_row(const void* p, std::int64_t bytes, int for_write) {
-  const char* c = static_cast<const char*>(p);
-  for (std::int64_t off = 0; off < bytes; off += 64) {
-    if (for_write) {
-      __builtin_prefetch(c + off, 1, 3);
-    } else {
-      __builtin_prefetch(c + off, 0, 3);
-    }
-  }
-}
 
 // d[j] += (lo, hi)[j] for j < ncols (<= 16).
 LATTICE_AVX2_FMA inline void add_row(float* d, __m256 lo, __m256 hi, std::int64_t ncols) {
@@ -126,8 +116,8 @@ LATTICE_AVX2_FMA void fused_rows_avx2(const float* src, std::int64_t c_src, cons
     const int rows = static_cast<int>(std::min(kRowsPerTile, r1 - g));
     // the next tile's rows, requested now
     for (std::int64_t r = g + kRowsPerTile; r < std::min(r1, g + 2 * kRowsPerTile); ++r) {
-      prefetch_row(src + std::int64_t{src_rows[r]} * c_src, src_bytes, 0);
-      prefetch_row(acc + std::int64_t{dst_rows[r]} * c_dst, dst_bytes, 1);
+      prefetch_row(src + std::int64_t{src_rows[r]} * c_src, src_bytes);
+      prefetch_row(acc + std::int64_t{dst_rows[r]} * c_dst, dst_bytes, true);
     }
     const float* a[kRowsPerTile];
     float* c[kRowsPerTile];
@@ -257,8 +247,8 @@ LATTICE_AVX2_FMA void fused_weight_grad_avx2(const float* x, std::int64_t c_x, c
       for (std::int64_t p = 0; p < panels; ++p, ++t) {
         if (next_m > 0) {
           for (std::int64_t e = t * next_m / tiles; e < (t + 1) * next_m / tiles; ++e) {
-            prefetch_row(x + std::int64_t{x_rows[next0 + e]} * c_x + c0, x_bytes, 0);
-            prefetch_row(dy + std::int64_t{dy_rows[next0 + e]} * c_dy, dy_bytes, 0);
+            prefetch_row(x + std::int64_t{x_rows[next0 + e]} * c_x + c0, x_bytes);
+            prefetch_row(dy + std::int64_t{dy_rows[next0 + e]} * c_dy, dy_bytes);
           }
         }
         const std::int64_t co0 = p * kPanelCols;
