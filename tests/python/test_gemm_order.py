@@ -140,6 +140,11 @@ CUDA_CASES = [
     ("subm_conv3d", 3, {}, 6000, 40, 24, torch.bfloat16),    # ordered, element loads
     ("conv3d", 2, {"stride": 2}, 6000, 32, 64, torch.float16),
     ("subm_conv3d", 3, {}, 20000, 160, 192, torch.float16),  # several C tiles; weight runs doubled
+    ("subm_conv3d", 3, {}, 5000, 72, 100, torch.bfloat16),   # 128-channel tiles with element loads
+    # A full 18^3 block (rows = -side): every row has nearly all 27 offsets, so the kernel takes
+    # 128-row tiles (the sparse cases above take 64-row tiles).
+    ("subm_conv3d", 3, {}, -18, 64, 64, torch.float16),
+    ("subm_conv3d", 3, {}, -18, 72, 100, torch.bfloat16),
     ("subm_conv3d", 5, {}, 3000, 16, 16, torch.float16),     # K = 125: no order, tile masks
     ("subm_conv3d", 9, {}, 1500, 8, 8, torch.float16),       # K = 729: every offset visited
 ]
@@ -150,7 +155,12 @@ CUDA_CASES = [
 def test_implicit_gemm_route_matches_the_reference(case) -> None:
     op, k, kw, n, c_in, c_out, dtype = case
     rng = np.random.default_rng(11)
-    coords = torch.from_numpy(random_coords(rng, n, batches=2, extent=int(round(n ** (1 / 3) * 1.6)), spread=20))
+    if n < 0:
+        side = -n
+        g3 = np.stack(np.meshgrid(*([np.arange(side)] * 3), indexing="ij"), -1).reshape(-1, 3)
+        coords = torch.from_numpy(np.concatenate([np.zeros((len(g3), 1), np.int64), g3], 1).astype(np.int32))
+    else:
+        coords = torch.from_numpy(random_coords(rng, n, batches=2, extent=int(round(n ** (1 / 3) * 1.6)), spread=20))
     g = torch.Generator().manual_seed(5)
     feats = torch.randn(coords.shape[0], c_in, generator=g).to(dtype)
     kvol = k ** 3

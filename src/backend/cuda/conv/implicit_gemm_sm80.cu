@@ -6,20 +6,27 @@
 // shared-memory OR builds each tile's offset mask).
 //
 // Tensor-core implicit GEMM (nvcuda::wmma mma.sync, f32 accumulation).
-//   forward / input_grad: a thread block of eight warps owns an output tile of 128 destination
-//   rows x 64 destination channels. The rows come in the relation's mask order when the view
-//   carries one (rows sorted by their offset mask, so a tile's rows share offsets: on a LiDAR
-//   scan's submanifold 3^3 relation a tile of index-ordered rows sees ~21 of the 27 offsets, a
-//   tile of mask-ordered rows ~6), in index order otherwise. It first reads the tile's map rows
-//   once into a shared bitmask of the offsets present in the tile (kernel volumes above 512 skip
-//   nothing), then walks the present offsets k in ascending order and, per offset, the
-//   source channels in steps of 64 bytes (32 f16/bf16 or 16 f32 channels): A = the gathered
-//   source rows (-1 -> zeros), B = the matching slice of W[k] (or W[k]^T, kept col-major in
-//   shared memory). Stages are triple-buffered: the copies of the next two stages are in flight
-//   while the current one is multiplied (cp.async 16-byte copies with zero-fill when both channel counts
-//   are multiples of 16 bytes and the source / weight pointers are 16-byte aligned; plain element
-//   loads into the same buffers otherwise). The accumulation order (offset, then channel) is
-//   fixed by the data, so results are bitwise reproducible.
+//   forward / input_grad: a thread block owns an output tile of BM destination rows x BN
+//   destination channels, BM / 16 warps of 32 rows x BN / 2 columns. The tile shape is chosen per
+//   call from the data: BN = 128 when there are more than 64 destination channels (the gathered
+//   source rows are read once per row tile, not once per 64 channels), else 64; BM = 128 when the
+//   average row has at least half the offsets (dense blocks: more reuse of each weight stage),
+//   else 64 (LiDAR-like scans: a smaller tile of mask-ordered rows visits fewer offsets, and the
+//   finer grid fills the last wave). The results do not depend on the shape. The rows come in the
+//   relation's mask order when the view carries one (rows sorted by their offset mask, so a
+//   tile's rows share offsets: on a LiDAR scan's submanifold 3^3 relation a tile of 128
+//   index-ordered rows sees ~21 of the 27 offsets, a tile of mask-ordered rows ~6), in index
+//   order otherwise. It first reads the tile's map rows once (into shared memory, for kernel
+//   volumes up to 32, so no stage's gather waits on a global load of the map) and builds the list
+//   of the offsets present in the tile (kernel volumes above 512 skip nothing), then walks those
+//   offsets k in ascending order and, per offset, the source channels in steps of 64 bytes (32
+//   f16/bf16 or 16 f32 channels): A = the gathered source rows (-1 -> zeros), B = the matching
+//   slice of W[k] (or W[k]^T, kept col-major in shared memory). Stages are triple-buffered: the
+//   copies of the next two stages are in flight while the current one is multiplied (cp.async
+//   16-byte copies with zero-fill, and 16-byte stores of the result rows, when both channel
+//   counts are multiples of 16 bytes and the source / weight / destination pointers are 16-byte
+//   aligned; plain element loads and stores otherwise). The accumulation order (offset, then
+//   channel) is fixed by the data, so results are bitwise reproducible.
 //     forward     map = the relation's N_out x K gemm_map (built on the device when the view has
 //                 none); source x, destination y, B = W[k] (C_in, C_out); bias added at the end.
 //     input_grad  map = the input-side (n_in, K) map of output rows (the relation's cached one, or
@@ -42,6 +49,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/common/conv_support.cuh"
@@ -55,9 +63,6 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kThreads = 256;   // forward / input_grad: eight warps, each a 32 x 32 piece of the tile
-constexpr int kBM = 128;        // destination rows per tile
-constexpr int kBN = 64;         // destination channels per tile
 constexpr int kWThreads = 128;  // weight_grad: four warps, each a 32 x 32 piece of a 64 x 64 dW tile
 constexpr int kWBM = 64;        // weight_grad tile rows (C_in)
 constexpr int kWBN = 64;        // weight_grad tile columns (C_out)
@@ -117,118 +122,156 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// Shared-memory layout of the forward / input_grad kernel (element offsets within one stage).
-template <class E>
+// Shared-memory layout of the forward / input_grad kernel: tiles of BM destination rows x BN
+// destination channels (dynamic shared memory: the pipeline stages, reused by the epilogue's f32
+// tile, then the tile's map rows when the kernel volume is at most kMapCacheK).
+constexpr int kMapCacheK = 32;
+__host__ __device__ constexpr int map_ld(int k) { return k % 2 ? k : k + 1; }  // odd: no bank conflicts
+template <class E, int BM, int BN>
 struct FwdSmem {
-  static constexpr int lda = kBK<E> + kPad<E>;   // A: kBM rows x kBK source channels
-  static constexpr int ldb = kBN + kPad<E>;      // B: kBK rows x kBN (row-major, forward)
-  static constexpr int ldbt = kBK<E> + kPad<E>;  // B^T: kBN rows x kBK (input_grad: B col-major)
-  static constexpr int ldc = kBN + kCPad;
-  static constexpr int a_elems = kBM * lda;
-  static constexpr int b_elems = (kBK<E> * ldb > kBN * ldbt) ? kBK<E> * ldb : kBN * ldbt;
+  static constexpr int lda = kBK<E> + kPad<E>;   // A: BM rows x kBK source channels
+  static constexpr int ldb = BN + kPad<E>;       // B: kBK rows x BN (row-major, forward)
+  static constexpr int ldbt = kBK<E> + kPad<E>;  // B^T: BN rows x kBK (input_grad: B col-major)
+  static constexpr int ldc = BN + kCPad;
+  static constexpr int a_elems = BM * lda;
+  static constexpr int b_elems = (kBK<E> * ldb > BN * ldbt) ? kBK<E> * ldb : BN * ldbt;
   static constexpr int stage_elems = a_elems + b_elems;
   static constexpr int pipe_bytes = kStages * stage_elems * static_cast<int>(sizeof(E));
-  static constexpr int c_bytes = kBM * ldc * static_cast<int>(sizeof(float));
-  static constexpr int bytes = pipe_bytes > c_bytes ? pipe_bytes : c_bytes;
+  static constexpr int c_bytes = BM * ldc * static_cast<int>(sizeof(float));
+  static constexpr int main_bytes = ((pipe_bytes > c_bytes ? pipe_bytes : c_bytes) + 127) / 128 * 128;
+  static constexpr int map_bytes(int k) { return k <= kMapCacheK ? BM * map_ld(k) * 4 : 0; }
   static_assert((a_elems * sizeof(E)) % 128 == 0 && (stage_elems * sizeof(E)) % 128 == 0, "stage alignment");
-  static_assert(bytes + kBM * 4 + kMaskWords * 4 <= 48 * 1024, "static shared memory");
 };
+template <int BM, int BN>
+constexpr int kMinBlocks = BM == 64 ? (BN == 64 ? 6 : 4) : (BN == 64 ? 3 : 2);
 
 // dst (n_dst, c_dst) = round(bias + sum_k gather_{map[:, k]}(src) @ B_k), with
 // B_k(r, c) = w[k * c_src * c_dst + r * c_dst + c] (kTrans false) or
 //             w[k * c_src * c_dst + c * c_src + r] (kTrans true: W[k]^T), r < c_src, c < c_dst.
-// Tile rows are order[row0 .. row0 + kBM) when `order` is given (rows sorted by offset mask, so a
-// tile's rows share offsets), rows row0 .. row0 + kBM otherwise. Each row's sum visits the
+// Tile rows are order[row0 .. row0 + BM) when `order` is given (rows sorted by offset mask, so a
+// tile's rows share offsets), rows row0 .. row0 + BM otherwise. Each row's sum visits the
 // offsets present in its tile in ascending order; offsets the row lacks add exact zeros, so the
-// order changes at most the sign of a zero result.
-// kVector: 16-byte cp.async gathers (c_src and c_dst multiples of kVec<E>, src and w 16-byte
-// aligned); otherwise plain element loads into the same buffers.
-template <class E, bool kVector, bool kTrans>
-__global__ void __launch_bounds__(kThreads)
+// order changes at most the sign of a zero result. A tile is BM (64 or 128) destination rows x
+// BN (64 or 128) destination channels, BM / 16 warps of 32 rows x BN / 2 columns. For kernel
+// volumes up to kMapCacheK the tile's map rows are read once into shared memory (with the offset
+// mask), so no stage's gather waits on a global load of the map; the present offsets are listed
+// once per tile. The results do not depend on BM or BN: every element's sum runs over the same
+// offsets and channel steps in the same order.
+// kVector: 16-byte cp.async gathers and 16-byte stores (c_src and c_dst multiples of kVec<E>,
+// src, w and dst 16-byte aligned); otherwise plain element loads into the same buffers.
+// Channel counts are below 2^31 (the launcher checks).
+template <class E, bool kVector, bool kTrans, int BM, int BN>
+__global__ void __launch_bounds__(BM * 2, kMinBlocks<BM, BN>)
     implicit_gemm_kernel(const std::int32_t* __restrict__ map, const std::int32_t* __restrict__ order,
                          std::int64_t n_dst, std::int64_t kernel_volume, const E* __restrict__ src,
-                         std::int64_t c_src, const E* __restrict__ w, std::int64_t c_dst,
-                         const E* __restrict__ bias, E* __restrict__ dst) {
+                         int c_src, const E* __restrict__ w, int c_dst, const E* __restrict__ bias,
+                         E* __restrict__ dst) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaOf<E>;
-  using S = FwdSmem<E>;
+  using S = FwdSmem<E, BM, BN>;
+  constexpr int kT = BM * 2;     // threads
   constexpr int BK = kBK<E>;
   constexpr int V = kVec<E>;
+  constexpr int WN = BN / 2;     // warp tile columns
+  constexpr int NJ = WN / 16;    // accumulator fragments per warp row
   using LayoutB = std::conditional_t<kTrans, wmma::col_major, wmma::row_major>;
-  __shared__ __align__(128) unsigned char smem[S::bytes];
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ unsigned mask[kMaskWords];
-  __shared__ std::int32_t rows[kBM];  // destination row of each tile row, -1 past the end
+  __shared__ std::int16_t koff[32 * kMaskWords];  // present offsets, ascending
+  __shared__ int n_present_s;
+  __shared__ std::int32_t rows[BM];  // destination row of each tile row, -1 past the end
   E* const stage_base = reinterpret_cast<E*>(smem);
   float* const cs = reinterpret_cast<float*>(smem);  // epilogue only (after the pipeline drained)
+  std::int32_t* const smap = reinterpret_cast<std::int32_t*>(smem + S::main_bytes);
 
   const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int wr = warp / 2, wc = warp % 2;  // warp tile: rows wr*32.., columns wc*32..
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kBM;
-  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kBN;
-  const std::int64_t per_offset = c_src * c_dst;
-  const std::int64_t tile_rows = n_dst - row0 < kBM ? n_dst - row0 : kBM;  // >= 1
+  const int warp = tid / 32, lane = tid % 32;
+  const int wr = warp / 2, wc = warp % 2;  // warp tile: rows wr*32.., columns wc*WN..
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * BM;
+  const int col0 = static_cast<int>(blockIdx.y) * BN;
+  const int tile_rows = n_dst - row0 < BM ? static_cast<int>(n_dst - row0) : BM;  // >= 1
   const E zero = from_f32<E>(0.0f);
   const bool mask_all = kernel_volume > 32 * kMaskWords;
+  const bool cached = kernel_volume <= kMapCacheK;
+  const int kv = cached ? static_cast<int>(kernel_volume) : 0;
+  const int mld = map_ld(cached ? kv : 1);
 
   if (tid < kMaskWords) mask[tid] = 0u;
-  if (tid < kBM) {
+  if (tid < BM) {
     const std::int64_t r = row0 + tid;
     rows[tid] = r < n_dst ? (order ? order[r] : static_cast<std::int32_t>(r)) : -1;
   }
   __syncthreads();
-  // Offsets present in the tile: one pass over its map rows (contiguous runs of K entries).
-  if (!mask_all) {
-    const int kv = static_cast<int>(kernel_volume);  // <= 512 here
-    const int n = static_cast<int>(tile_rows) * kv;
-    for (int idx = tid; idx < n; idx += kThreads) {
-      const int r = idx / kv;
-      const int k = idx - r * kv;
+  // Offsets present in the tile: one pass over its map rows. For kernel volumes up to
+  // kMapCacheK (one mask word) each warp takes whole rows, a lane per offset, keeps them in
+  // shared memory and ORs its bits once into the shared word.
+  if (cached) {
+    unsigned bits = 0u;
+    for (int r = warp; r < tile_rows; r += kT / 32) {
+      if (lane < kv) {
+        const std::int32_t v = map[static_cast<std::int64_t>(rows[r]) * kv + lane];
+        smap[r * mld + lane] = v;
+        if (v >= 0) bits |= 1u << lane;
+      }
+    }
+    bits = __reduce_or_sync(0xffffffffu, bits);
+    if (lane == 0 && bits) atomicOr(&mask[0], bits);  // integer OR: order-independent
+  } else if (!mask_all) {
+    const int kvl = static_cast<int>(kernel_volume);  // <= 512 here
+    const int n = tile_rows * kvl;
+    for (int idx = tid; idx < n; idx += kT) {
+      const int r = idx / kvl;
+      const int k = idx - r * kvl;
       if (map[static_cast<std::int64_t>(rows[r]) * kernel_volume + k] >= 0)
         atomicOr(&mask[k / 32], 1u << (k % 32));  // integer OR: order-independent
     }
   }
   __syncthreads();
-  auto next_offset = [&](std::int64_t k) -> std::int64_t {  // first present offset after k
-    if (mask_all) return k + 1;
-    for (std::int64_t j = k + 1; j < kernel_volume;) {
-      const unsigned word = mask[j / 32] >> (j % 32);
-      if (word) {
-        const std::int64_t found = j + __ffs(static_cast<int>(word)) - 1;
-        return found < kernel_volume ? found : kernel_volume;
-      }
-      j = (j / 32 + 1) * 32;
+  // The present offsets in ascending order (warp 0: one ballot per mask word).
+  if (!mask_all && warp == 0) {
+    int count = 0;
+    for (int q = 0; q < kMaskWords; ++q) {
+      const unsigned word = mask[q];
+      if ((word >> lane) & 1u) koff[count + __popc(word & ((1u << lane) - 1u))] = static_cast<std::int16_t>(q * 32 + lane);
+      count += __popc(word);
     }
-    return kernel_volume;
-  };
-  std::int64_t n_present = kernel_volume;
-  if (!mask_all) {
-    n_present = 0;
-    for (int q = 0; q < kMaskWords; ++q) n_present += __popc(mask[q]);
+    if (lane == 0) n_present_s = count;
   }
-  const std::int64_t csteps = (c_src + BK - 1) / BK;
-  const std::int64_t total = n_present * csteps;  // stages: (present offset, channel step) pairs
+  __syncthreads();
+  const int n_present = mask_all ? static_cast<int>(kernel_volume) : n_present_s;
+  const int csteps = (c_src + BK - 1) / BK;
+  const int total = n_present * csteps;  // stages: (present offset, channel step) pairs
 
-  // The map rows of this thread's two A vectors (the same rows in every stage), null past the end.
-  constexpr int kAPer = kBM * BK / V / kThreads;
+  // This thread's A vectors: tile row, and the offset of its map entries in the shared map (-1
+  // past the end). The same rows in every stage.
+  constexpr int kAPer = BM * BK / V / kT;
   static_assert(kAPer == 2, "A: two vectors per thread");
-  const std::int32_t* arow[kAPer];
+  int arow_s[kAPer];
 #pragma unroll
   for (int t = 0; t < kAPer; ++t) {
-    const int r = (tid + t * kThreads) / (BK / V);
-    arow[t] = rows[r] >= 0 ? map + static_cast<std::int64_t>(rows[r]) * kernel_volume : nullptr;
+    const int r = (tid + t * kT) / (BK / V);
+    arow_s[t] = rows[r] >= 0 ? r * mld : -1;
   }
+  constexpr int kBPer = BK * BN / V / kT;  // B vectors per thread
+  static_assert(kBPer * kT * V == BK * BN, "B: whole vectors per thread");
+  const std::int64_t per_offset = static_cast<std::int64_t>(c_src) * c_dst;
 
   // Loads the stage (offset k, source channels c0..c0+BK) into buffer `buf`.
-  auto issue = [&](std::int64_t k, std::int64_t c0, int buf) {
+  auto issue = [&](int k, int c0, int buf) {
     E* as = stage_base + buf * S::stage_elems;
     E* bs = as + S::a_elems;
 #pragma unroll
     for (int t = 0; t < kAPer; ++t) {
-      const int idx = tid + t * kThreads;
+      const int idx = tid + t * kT;
       const int r = idx / (BK / V), q = idx % (BK / V);
-      const std::int32_t v = arow[t] ? arow[t][k] : -1;
-      const std::int64_t ch = c0 + q * V;
+      std::int32_t v = -1;
+      if (arow_s[t] >= 0) {
+        if (cached)
+          v = smap[arow_s[t] + k];
+        else
+          v = map[static_cast<std::int64_t>(rows[r]) * kernel_volume + k];  // rows[r] >= 0 here
+      }
+      const int ch = c0 + q * V;
       E* d = as + r * S::lda + q * V;
       if constexpr (kVector) {
         const bool ok = v >= 0 && ch < c_src;  // c_src % V == 0: the whole vector is in range
@@ -239,92 +282,93 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < V; ++e) d[e] = (v >= 0 && ch + e < c_src) ? s[ch + e] : zero;
       }
     }
-    // B: BK x kBN = BK * kBN / V vectors (1 per thread).
     const E* wk = w + k * per_offset;
-    if constexpr (!kTrans) {
-      // B(r, c) = wk[(c0 + r) * c_dst + col0 + c], stored bs[r * ldb + c].
-      const int r = tid / (kBN / V), q = tid % (kBN / V);
-      const std::int64_t ch = c0 + r, co = col0 + q * V;
-      E* d = bs + r * S::ldb + q * V;
-      if constexpr (kVector) {
-        const bool ok = ch < c_src && co < c_dst;  // c_dst % V == 0
-        cp_async16(d, ok ? wk + ch * c_dst + co : w, ok);
-      } else {
 #pragma unroll
-        for (int e = 0; e < V; ++e) d[e] = (ch < c_src && co + e < c_dst) ? wk[ch * c_dst + co + e] : zero;
-      }
-    } else {
-      // B(r, c) = wk[(col0 + c) * c_src + c0 + r], stored bs[c * ldbt + r] (col-major B).
-      const int c = tid / (BK / V), q = tid % (BK / V);
-      const std::int64_t ci = col0 + c, ch = c0 + q * V;
-      E* d = bs + c * S::ldbt + q * V;
-      if constexpr (kVector) {
-        const bool ok = ci < c_dst && ch < c_src;  // c_src % V == 0
-        cp_async16(d, ok ? wk + ci * c_src + ch : w, ok);
-      } else {
+    for (int t = 0; t < kBPer; ++t) {
+      const int idx = tid + t * kT;
+      if constexpr (!kTrans) {
+        // B(r, c) = wk[(c0 + r) * c_dst + col0 + c], stored bs[r * ldb + c].
+        const int r = idx / (BN / V), q = idx % (BN / V);
+        const int ch = c0 + r, co = col0 + q * V;
+        E* d = bs + r * S::ldb + q * V;
+        if constexpr (kVector) {
+          const bool ok = ch < c_src && co < c_dst;  // c_dst % V == 0
+          cp_async16(d, ok ? wk + static_cast<std::int64_t>(ch) * c_dst + co : w, ok);
+        } else {
 #pragma unroll
-        for (int e = 0; e < V; ++e) d[e] = (ci < c_dst && ch + e < c_src) ? wk[ci * c_src + ch + e] : zero;
+          for (int e = 0; e < V; ++e)
+            d[e] = (ch < c_src && co + e < c_dst) ? wk[static_cast<std::int64_t>(ch) * c_dst + co + e] : zero;
+        }
+      } else {
+        // B(r, c) = wk[(col0 + c) * c_src + c0 + r], stored bs[c * ldbt + r] (col-major B).
+        const int c = idx / (BK / V), q = idx % (BK / V);
+        const int ci = col0 + c, ch = c0 + q * V;
+        E* d = bs + c * S::ldbt + q * V;
+        if constexpr (kVector) {
+          const bool ok = ci < c_dst && ch < c_src;  // c_src % V == 0
+          cp_async16(d, ok ? wk + static_cast<std::int64_t>(ci) * c_src + ch : w, ok);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            d[e] = (ci < c_dst && ch + e < c_src) ? wk[static_cast<std::int64_t>(ci) * c_src + ch + e] : zero;
+        }
       }
     }
   };
-  static_assert(kBK<E> * kBN / kVec<E> == kThreads, "B: one vector per thread");
 
-  wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][2];
+  wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][NJ];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int j = 0; j < NJ; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  // kStages-deep pipeline over the stages (k ascending over present offsets, c0 ascending): the
+  // kStages-deep pipeline over the stages (offsets ascending, then channel steps ascending): the
   // copies of stage i + kStages - 1 are in flight while stage i is multiplied.
-  std::int64_t ik = next_offset(-1), ic = 0;  // the next stage to issue
-  auto advance = [&] {
-    ic += BK;
-    if (ic >= c_src) {
-      ic = 0;
-      ik = next_offset(ik);
+  int next_p = 0, next_c = 0;  // the next stage to issue: present offset index, channel start
+  auto issue_next = [&](int buf) {
+    issue(mask_all ? next_p : koff[next_p], next_c, buf);
+    next_c += BK;
+    if (next_c >= c_src) {
+      next_c = 0;
+      ++next_p;
     }
   };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < total) {
-      issue(ik, ic, st);
-      advance();
-    }
+    if (st < total) issue_next(st);
     cp_async_commit();  // possibly empty group: keeps the count uniform
   }
-  for (std::int64_t i = 0; i < total; ++i) {
+  int rbuf = 0, wbuf = kStages - 1;  // buffer read this stage, buffer the stage kStages - 1 ahead fills
+  for (int i = 0; i < total; ++i) {
     cp_async_wait<kStages - 2>();  // stage i has landed (this thread's copies) ...
     __syncthreads();               // ... for every thread; and every warp is done with stage i - 1
-    const std::int64_t ahead = i + kStages - 1;
-    if (ahead < total) {
-      issue(ik, ic, static_cast<int>(ahead % kStages));  // into the buffer stage i - 1 used
-      advance();
-    }
+    if (i + kStages - 1 < total) issue_next(wbuf);  // into the buffer stage i - 1 used
     cp_async_commit();
-    const E* as = stage_base + static_cast<int>(i % kStages) * S::stage_elems;
+    const E* as = stage_base + rbuf * S::stage_elems;
     const E* bs = as + S::a_elems;
+    rbuf = rbuf + 1 == kStages ? 0 : rbuf + 1;
+    wbuf = wbuf + 1 == kStages ? 0 : wbuf + 1;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += M::K) {
       wmma::fragment<wmma::matrix_a, 16, 16, M::K, typename M::frag, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, LayoutB> fb[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, LayoutB> fb[NJ];
 #pragma unroll
       for (int i2 = 0; i2 < 2; ++i2) {
         wmma::load_matrix_sync(fa[i2], as + (wr * 32 + i2 * 16) * S::lda + kk, S::lda);
         to_tf32_if_needed<E>(fa[i2]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         if constexpr (kTrans)
-          wmma::load_matrix_sync(fb[j], bs + (wc * 32 + j * 16) * S::ldbt + kk, S::ldbt);
+          wmma::load_matrix_sync(fb[j], bs + (wc * WN + j * 16) * S::ldbt + kk, S::ldbt);
         else
-          wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * 32 + j * 16, S::ldb);
+          wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * WN + j * 16, S::ldb);
         to_tf32_if_needed<E>(fb[j]);
       }
 #pragma unroll
       for (int i2 = 0; i2 < 2; ++i2)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i2][j], fa[i2], fb[j], acc[i2][j]);
+        for (int j = 0; j < NJ; ++j) wmma::mma_sync(acc[i2][j], fa[i2], fb[j], acc[i2][j]);
     }
   }
   cp_async_wait<0>();
@@ -333,18 +377,38 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * 32 + j * 16, acc[i][j], S::ldc,
+    for (int j = 0; j < NJ; ++j)
+      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * WN + j * 16, acc[i][j], S::ldc,
                               wmma::mem_row_major);
   __syncthreads();
-  for (int idx = tid; idx < kBM * kBN; idx += kThreads) {
-    const int r = idx / kBN, c = idx % kBN;
-    const std::int64_t co = col0 + c;
-    const std::int32_t row = rows[r];
-    if (row >= 0 && co < c_dst) {
-      float v = cs[r * S::ldc + c];
-      if (bias) v += to_f32(bias[co]);
-      dst[static_cast<std::int64_t>(row) * c_dst + co] = from_f32<E>(v);
+  if constexpr (kVector) {
+    // V channels per thread and step: one 16-byte store per (row, V-channel group).
+    for (int idx = tid; idx < BM * (BN / V); idx += kT) {
+      const int r = idx / (BN / V), c = (idx % (BN / V)) * V;
+      const int co = col0 + c;
+      const std::int32_t row = rows[r];
+      if (row >= 0 && co < c_dst) {  // c_dst % V == 0: the whole vector is in range
+        alignas(16) E out[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          float v = cs[r * S::ldc + c + e];
+          if (bias) v += to_f32(bias[co + e]);
+          out[e] = from_f32<E>(v);
+        }
+        *reinterpret_cast<uint4*>(dst + static_cast<std::int64_t>(row) * c_dst + co) =
+            *reinterpret_cast<const uint4*>(out);
+      }
+    }
+  } else {
+    for (int idx = tid; idx < BM * BN; idx += kT) {
+      const int r = idx / BN, c = idx % BN;
+      const int co = col0 + c;
+      const std::int32_t row = rows[r];
+      if (row >= 0 && co < c_dst) {
+        float v = cs[r * S::ldc + c];
+        if (bias) v += to_f32(bias[co]);
+        dst[static_cast<std::int64_t>(row) * c_dst + co] = from_f32<E>(v);
+      }
     }
   }
 #else
@@ -571,23 +635,66 @@ void check_edges(const RelationView& rel) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-// dst = gather-GEMM over the map (see implicit_gemm_kernel); picks the 16-byte path when every
-// vector load is aligned and in range, else the element path.
-template <class E, bool kTrans>
-void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst,
-                          std::int64_t kernel_volume, const E* src, std::int64_t c_src, const E* w,
-                          std::int64_t c_dst, const E* bias, E* dst, cudaStream_t s) {
-  const std::int64_t rt = tiles(n_dst, kBM), ct = tiles(c_dst, kBN);
+template <class E, bool kVector, bool kTrans, int BM, int BN>
+void launch_tile(const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst, std::int64_t kernel_volume,
+                 const E* src, std::int64_t c_src, const E* w, std::int64_t c_dst, const E* bias, E* dst, int device,
+                 cudaStream_t s) {
+  using S = FwdSmem<E, BM, BN>;
+  const std::int64_t rt = tiles(n_dst, BM), ct = tiles(c_dst, BN);
   check_grid(rt, ct);
   const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ct));
-  const bool vec = c_src % kVec<E> == 0 && c_dst % kVec<E> == 0 && aligned16(src) && aligned16(w);
-  if (vec)
-    implicit_gemm_kernel<E, true, kTrans><<<grid, kThreads, 0, s>>>(map, order, n_dst, kernel_volume, src, c_src,
-                                                                     w, c_dst, bias, dst);
-  else
-    implicit_gemm_kernel<E, false, kTrans><<<grid, kThreads, 0, s>>>(map, order, n_dst, kernel_volume, src,
-                                                                      c_src, w, c_dst, bias, dst);
+  const int bytes = S::main_bytes + S::map_bytes(static_cast<int>(std::min<std::int64_t>(kernel_volume, 1 << 20)));
+  auto kernel = implicit_gemm_kernel<E, kVector, kTrans, BM, BN>;
+  // The dynamic shared-memory limit is an attribute of this kernel in the current device's
+  // context: raised once per device (to the largest size any kernel volume asks for).
+  static std::atomic<std::uint64_t> raised{0};
+  const std::uint64_t bit = std::uint64_t{1} << (device & 63);
+  if (!(raised.load(std::memory_order_acquire) & bit)) {
+    LATTICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            S::main_bytes + S::map_bytes(kMapCacheK)));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  kernel<<<grid, BM * 2, bytes, s>>>(map, order, n_dst, kernel_volume, src, static_cast<int>(c_src), w,
+                                     static_cast<int>(c_dst), bias, dst);
   LATTICE_CUDA_CHECK_LAUNCH();
+}
+
+template <class E, bool kVector, bool kTrans>
+void launch_shape(int bm, int bn, const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst,
+                  std::int64_t kernel_volume, const E* src, std::int64_t c_src, const E* w, std::int64_t c_dst,
+                  const E* bias, E* dst, int device, cudaStream_t s) {
+  if (bm == 64 && bn == 64)
+    launch_tile<E, kVector, kTrans, 64, 64>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  else if (bm == 64)
+    launch_tile<E, kVector, kTrans, 64, 128>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  else if (bn == 64)
+    launch_tile<E, kVector, kTrans, 128, 64>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  else
+    launch_tile<E, kVector, kTrans, 128, 128>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+}
+
+// dst = gather-GEMM over the map (see implicit_gemm_kernel); picks the 16-byte path when every
+// vector load and store is aligned and in range, else the element path, and tiles of 128
+// destination channels when there are more than 64 (the gathered source rows are then read once
+// per row tile instead of once per 64 channels).
+template <class E, bool kTrans>
+void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst,
+                          std::int64_t kernel_volume, std::int64_t n_edges, const E* src, std::int64_t c_src,
+                          const E* w, std::int64_t c_dst, const E* bias, E* dst, int device, cudaStream_t s) {
+  LATTICE_ASSERT(c_src < (std::int64_t{1} << 31) && c_dst < (std::int64_t{1} << 31),
+                 "conv implicit_gemm_sm80: channel counts must be below 2^31");
+  const bool vec = c_src % kVec<E> == 0 && c_dst % kVec<E> == 0 && aligned16(src) && aligned16(w) && aligned16(dst);
+  // Rows per tile: 128 when the average row has at least half the offsets (a dense block: little
+  // to gain from a finer tile mask, more reuse of each B stage), else 64 (LiDAR-like scans: a
+  // 64-row tile of mask-ordered rows visits fewer offsets, and the finer grid fills the SMs'
+  // last wave better). Measured on the H200 (docs/performance.md, "implicit_gemm_sm80 tiles").
+  const std::int64_t kv_eff = std::min<std::int64_t>(kernel_volume, kMapCacheK);
+  const int bm = 2 * n_edges >= n_dst * kv_eff ? 128 : 64;
+  const int bn = c_dst > 64 ? 128 : 64;
+  if (vec)
+    launch_shape<E, true, kTrans>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  else
+    launch_shape<E, false, kTrans>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
 }
 
 template <class E>
@@ -605,9 +712,9 @@ void forward(const ConvArgs& a) {
     map = built.data<std::int32_t>();
     order = nullptr;
   }
-  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.kernel_volume, static_cast<const E*>(a.x), a.c_in,
+  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.kernel_volume, rel.n_edges, static_cast<const E*>(a.x), a.c_in,
                                  static_cast<const E*>(a.w), a.c_out, static_cast<const E*>(a.bias),
-                                 static_cast<E*>(a.y), s);
+                                 static_cast<E*>(a.y), a.device.index, s);
 }
 
 template <class E>
@@ -632,8 +739,8 @@ void input_grad(const ConvArgs& a) {
     order = nullptr;
   }
   // Source dy (C_out channels), destination dx (C_in), B_k = W[k]^T.
-  launch_implicit_gemm<E, true>(map, order, rel.n_in, rel.kernel_volume, static_cast<const E*>(a.dy),
-                                a.c_out, static_cast<const E*>(a.w), a.c_in, nullptr, static_cast<E*>(a.dx), s);
+  launch_implicit_gemm<E, true>(map, order, rel.n_in, rel.kernel_volume, rel.n_edges, static_cast<const E*>(a.dy),
+                                a.c_out, static_cast<const E*>(a.w), a.c_in, nullptr, static_cast<E*>(a.dx), a.device.index, s);
 }
 
 template <class E>
