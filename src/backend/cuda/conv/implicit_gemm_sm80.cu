@@ -37,7 +37,8 @@
 //   offset's edges are cut into runs of a data-only length (E, K and the channel counts decide
 //   it), numbered over all offsets so that blocks get equal work however unequal the offsets are
 //   (a submanifold conv's centre offset has every row, the others a few percent); each block (run,
-//   64 x 64 tile of dW[k]) runs a double-buffered pipeline over steps of 32 edges and writes dW
+//   64 x 64 tile of dW[k], or 128 x 128 for f16 / bf16 when both channel counts pass 64) runs a triple-buffered
+//   pipeline over steps of 32 edges and writes dW
 //   rounded (its offset's only run) or its f32 partial, which a second kernel adds in ascending
 //   run order.
 // Each output element is rounded to the storage dtype once, at the end.
@@ -63,9 +64,8 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kWThreads = 128;  // weight_grad: four warps, each a 32 x 32 piece of a 64 x 64 dW tile
-constexpr int kWBM = 64;        // weight_grad tile rows (C_in)
-constexpr int kWBN = 64;        // weight_grad tile columns (C_out)
+constexpr int kWBM = 64;        // weight_grad: the tile size the runs are cut for (C_in)
+constexpr int kWBN = 64;        // (C_out): 64 x 64, whichever tile the kernel then takes
 constexpr int kWBK = 32;        // weight_grad reduction step (edges)
 constexpr int kMaskWords = 16;  // per-tile offset mask: offsets >= 512 are never skipped
 constexpr int kStages = 3;      // forward / input_grad pipeline depth (stages in flight)
@@ -416,17 +416,18 @@ __global__ void __launch_bounds__(BM * 2, kMinBlocks<BM, BN>)
 #endif
 }
 
-// Shared-memory layout of the weight-gradient kernel (one stage: A and B, kWBK edges each).
-template <class E>
+// Shared-memory layout of the weight-gradient kernel with T x T tiles of dW[k] (dynamic shared
+// memory: kStages stages of A and B, kWBK edges each, reused by the epilogue's f32 tile).
+template <class E, int T>
 struct WgSmem {
-  static constexpr int lda = kWBM + kPad<E>;  // A stored (edge, C_in): col-major A
-  static constexpr int ldb = kWBN + kPad<E>;  // B stored (edge, C_out): row-major B
-  static constexpr int ldc = kWBN + kCPad;
+  static constexpr int lda = T + kPad<E>;  // A stored (edge, C_in): col-major A
+  static constexpr int ldb = T + kPad<E>;  // B stored (edge, C_out): row-major B
+  static constexpr int ldc = T + kCPad;
   static constexpr int a_elems = kWBK * lda;
   static constexpr int stage_elems = a_elems + kWBK * ldb;
-  static constexpr int pipe_bytes = 2 * stage_elems * static_cast<int>(sizeof(E));
-  static constexpr int c_bytes = kWBM * ldc * static_cast<int>(sizeof(float));
-  static constexpr int bytes = pipe_bytes > c_bytes ? pipe_bytes : c_bytes;
+  static constexpr int pipe_bytes = kStages * stage_elems * static_cast<int>(sizeof(E));
+  static constexpr int c_bytes = T * ldc * static_cast<int>(sizeof(float));
+  static constexpr int bytes = ((pipe_bytes > c_bytes ? pipe_bytes : c_bytes) + 127) / 128 * 128;
   static_assert((a_elems * sizeof(E)) % 128 == 0 && (stage_elems * sizeof(E)) % 128 == 0, "stage alignment");
 };
 
@@ -436,10 +437,14 @@ struct WgSmem {
 // runs of offset k are run_ptr[k] .. run_ptr[k+1] - 1 in one numbering over all offsets, and
 // run_k[j] is the offset of run j, so every block does about the same work whatever the offsets'
 // sizes. blockIdx.x = run (blocks past run_ptr[K] exit), blockIdx.y = C_out tile, blockIdx.z =
-// C_in tile. An offset of one run writes dw rounded; otherwise each run writes its f32 partial,
-// partial[j] (C_in, C_out), which reduce_runs adds in ascending run order.
-template <class E, bool kVector>
-__global__ void __launch_bounds__(kWThreads)
+// C_in tile; a tile is T x T (64: four warps of 32 x 32; 128: eight warps of 32 x 64, so each
+// gathered edge row is read once per 128 channels). A block walks its run in steps of kWBK edges
+// through a kStages-deep cp.async pipeline. An offset of one run writes dw rounded; otherwise
+// each run writes its f32 partial, partial[j] (C_in, C_out), which reduce_runs adds in ascending
+// run order. Every element's sum (steps in edge order, each step's edges in mma order) is the
+// same for T = 64 and 128.
+template <class E, bool kVector, int T>
+__global__ void __launch_bounds__(T * 2, T == 64 ? 4 : 2)
     weight_grad_kernel(const std::int64_t* __restrict__ k_ptr, const std::int64_t* __restrict__ run_ptr,
                        const std::int32_t* __restrict__ run_k, std::int64_t run,
                        const std::int32_t* __restrict__ k_in, const std::int32_t* __restrict__ k_out,
@@ -448,22 +453,25 @@ __global__ void __launch_bounds__(kWThreads)
                        E* __restrict__ dw) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaOf<E>;
-  using S = WgSmem<E>;
+  using S = WgSmem<E, T>;
+  constexpr int kT = T * 2;     // threads
   constexpr int V = kVec<E>;
-  __shared__ __align__(128) unsigned char smem[S::bytes];
+  constexpr int WN = T / 2;     // warp tile columns (C_out)
+  constexpr int NJ = WN / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
   E* const stage_base = reinterpret_cast<E*>(smem);
   float* const cs = reinterpret_cast<float*>(smem);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
-  const int wr = warp / 2, wc = warp % 2;
+  const int wr = warp / 2, wc = warp % 2;  // warp tile: C_in rows wr*32.., C_out columns wc*WN..
   const std::int64_t j_run = blockIdx.x;
   if (j_run >= run_ptr[kernel_volume]) return;  // the grid is an upper bound on the runs
   const std::int64_t k = run_k[j_run];
   const std::int64_t first = run_ptr[k];
   const bool single = run_ptr[k + 1] - first == 1;
-  const std::int64_t co0 = static_cast<std::int64_t>(blockIdx.y) * kWBN;
-  const std::int64_t ci0 = static_cast<std::int64_t>(blockIdx.z) * kWBM;
+  const std::int64_t co0 = static_cast<std::int64_t>(blockIdx.y) * T;
+  const std::int64_t ci0 = static_cast<std::int64_t>(blockIdx.z) * T;
   const std::int64_t ke = k_ptr[k + 1];
   const std::int64_t e_begin = k_ptr[k] + (j_run - first) * run;
   const std::int64_t e_end = e_begin + run < ke ? e_begin + run : ke;
@@ -473,10 +481,10 @@ __global__ void __launch_bounds__(kWThreads)
   auto issue = [&](std::int64_t eb, int buf) {
     E* as = stage_base + buf * S::stage_elems;
     E* bs = as + S::a_elems;
-    constexpr int per_row = kWBM / V;  // vectors per edge row (kWBM == kWBN)
+    constexpr int per_row = T / V;  // vectors per edge row
 #pragma unroll
-    for (int t = 0; t < kWBK * per_row / kWThreads; ++t) {
-      const int idx = tid + t * kWThreads;
+    for (int t = 0; t < kWBK * per_row / kT; ++t) {
+      const int idx = tid + t * kT;
       const int r = idx / per_row, q = idx % per_row;
       const std::int64_t e = eb + r;
       const bool live = e < e_end;
@@ -498,45 +506,49 @@ __global__ void __launch_bounds__(kWThreads)
       }
     }
   };
-  static_assert(kWBM == kWBN && (kWBK * (kWBM / kVec<E>)) % kWThreads == 0, "weight_grad load split");
+  static_assert((kWBK * (T / kVec<E>)) % kT == 0, "weight_grad load split");
 
-  wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][2];
+  wmma::fragment<wmma::accumulator, 16, 16, M::K, float> acc[2][NJ];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int j = 0; j < NJ; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  int buf = 0;
-  if (e_begin < e_end) issue(e_begin, 0);
-  cp_async_commit();
-  for (std::int64_t eb = e_begin; eb < e_end; eb += kWBK) {
-    if (eb + kWBK < e_end) issue(eb + kWBK, buf ^ 1);
+  const int steps = static_cast<int>((e_end - e_begin + kWBK - 1) / kWBK);  // <= run / kWBK
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < steps) issue(e_begin + static_cast<std::int64_t>(st) * kWBK, st);
+    cp_async_commit();  // possibly empty group: keeps the count uniform
+  }
+  int rbuf = 0, wbuf = kStages - 1;
+  for (int i = 0; i < steps; ++i) {
+    cp_async_wait<kStages - 2>();  // step i has landed (this thread's copies) ...
+    __syncthreads();               // ... for every thread; and every warp is done with step i - 1
+    if (i + kStages - 1 < steps) issue(e_begin + static_cast<std::int64_t>(i + kStages - 1) * kWBK, wbuf);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const E* as = stage_base + buf * S::stage_elems;
+    const E* as = stage_base + rbuf * S::stage_elems;
     const E* bs = as + S::a_elems;
+    rbuf = rbuf + 1 == kStages ? 0 : rbuf + 1;
+    wbuf = wbuf + 1 == kStages ? 0 : wbuf + 1;
 #pragma unroll
     for (int kk = 0; kk < kWBK; kk += M::K) {
       wmma::fragment<wmma::matrix_a, 16, 16, M::K, typename M::frag, wmma::col_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, wmma::row_major> fb[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, M::K, typename M::frag, wmma::row_major> fb[NJ];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        wmma::load_matrix_sync(fa[i], as + kk * S::lda + wr * 32 + i * 16, S::lda);
-        to_tf32_if_needed<E>(fa[i]);
+      for (int i2 = 0; i2 < 2; ++i2) {
+        wmma::load_matrix_sync(fa[i2], as + kk * S::lda + wr * 32 + i2 * 16, S::lda);
+        to_tf32_if_needed<E>(fa[i2]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * 32 + j * 16, S::ldb);
+      for (int j = 0; j < NJ; ++j) {
+        wmma::load_matrix_sync(fb[j], bs + kk * S::ldb + wc * WN + j * 16, S::ldb);
         to_tf32_if_needed<E>(fb[j]);
       }
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i2 = 0; i2 < 2; ++i2)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        for (int j = 0; j < NJ; ++j) wmma::mma_sync(acc[i2][j], fa[i2], fb[j], acc[i2][j]);
     }
-    __syncthreads();
-    buf ^= 1;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -544,14 +556,14 @@ __global__ void __launch_bounds__(kWThreads)
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * 32 + j * 16, acc[i][j], S::ldc,
+    for (int j = 0; j < NJ; ++j)
+      wmma::store_matrix_sync(cs + (wr * 32 + i * 16) * S::ldc + wc * WN + j * 16, acc[i][j], S::ldc,
                               wmma::mem_row_major);
   __syncthreads();
   const std::int64_t base = k * c_in * c_out;
   float* out = single ? nullptr : partial + j_run * c_in * c_out;
-  for (int idx = tid; idx < kWBM * kWBN; idx += kWThreads) {
-    const int r = idx / kWBN, c = idx % kWBN;
+  for (int idx = tid; idx < T * T; idx += kT) {
+    const int r = idx / T, c = idx % T;
     const std::int64_t ci = ci0 + r, co = co0 + c;
     if (ci < c_in && co < c_out) {
       const float v = cs[r * S::ldc + c];
@@ -697,6 +709,25 @@ void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, st
     launch_shape<E, false, kTrans>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
 }
 
+template <class E, bool kVector, int T>
+void launch_weight_grad(std::int64_t runs, std::int64_t c_in, std::int64_t c_out, const RelationView& rel,
+                        const std::int64_t* run_ptr, const std::int32_t* run_k, std::int64_t run, const E* x,
+                        const E* dy, float* partial, E* dw, int device, cudaStream_t s) {
+  using S = WgSmem<E, T>;
+  const std::int64_t ci_t = tiles(c_in, T), co_t = tiles(c_out, T);
+  const dim3 grid(static_cast<unsigned>(runs), static_cast<unsigned>(co_t), static_cast<unsigned>(ci_t));
+  auto kernel = weight_grad_kernel<E, kVector, T>;
+  static std::atomic<std::uint64_t> raised{0};  // see launch_tile
+  const std::uint64_t bit = std::uint64_t{1} << (device & 63);
+  if (!(raised.load(std::memory_order_acquire) & bit)) {
+    LATTICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  kernel<<<grid, T * 2, S::bytes, s>>>(rel.k_ptr, run_ptr, run_k, run, rel.k_in, rel.k_out, rel.kernel_volume, x,
+                                       c_in, dy, c_out, partial, dw);
+  LATTICE_CUDA_CHECK_LAUNCH();
+}
+
 template <class E>
 void forward(const ConvArgs& a) {
   const RelationView& rel = a.rel;
@@ -776,7 +807,6 @@ void weight_grad(const ConvArgs& a) {
   run_table_kernel<<<1, kRunThreads, 0, s>>>(rel.k_ptr, rel.kernel_volume, run, run_ptr.data<std::int64_t>(),
                                              run_k.data<std::int32_t>());
   LATTICE_CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>(runs), static_cast<unsigned>(co_t), static_cast<unsigned>(ci_t));
   const E* x = static_cast<const E*>(a.x);
   const E* dy = static_cast<const E*>(a.dy);
   E* dw = static_cast<E*>(a.dw);
@@ -784,13 +814,22 @@ void weight_grad(const ConvArgs& a) {
   const std::int64_t* rp = run_ptr.data<std::int64_t>();
   const std::int32_t* rk = run_k.data<std::int32_t>();
   float* part = partial.data<float>();
-  if (vec)
-    weight_grad_kernel<E, true><<<grid, kWThreads, 0, s>>>(rel.k_ptr, rp, rk, run, rel.k_in, rel.k_out,
-                                                           rel.kernel_volume, x, a.c_in, dy, a.c_out, part, dw);
-  else
-    weight_grad_kernel<E, false><<<grid, kWThreads, 0, s>>>(rel.k_ptr, rp, rk, run, rel.k_in, rel.k_out,
-                                                            rel.kernel_volume, x, a.c_in, dy, a.c_out, part, dw);
-  LATTICE_CUDA_CHECK_LAUNCH();
+  // 128 x 128 tiles of dW[k] for 2-byte dtypes when both channel counts pass 64 (each gathered
+  // edge row is then read once per 128 channels instead of once per 64), else 64 x 64 (float32's
+  // 128-tile stages would pass the 99 KB per block of sm_86 / sm_89); the runs stay the same, so
+  // do the sums.
+  const int device = a.device.index;
+  if (sizeof(E) == 2 && a.c_in > 64 && a.c_out > 64) {
+    if (vec)
+      launch_weight_grad<E, true, 128>(runs, a.c_in, a.c_out, rel, rp, rk, run, x, dy, part, dw, device, s);
+    else
+      launch_weight_grad<E, false, 128>(runs, a.c_in, a.c_out, rel, rp, rk, run, x, dy, part, dw, device, s);
+  } else {
+    if (vec)
+      launch_weight_grad<E, true, 64>(runs, a.c_in, a.c_out, rel, rp, rk, run, x, dy, part, dw, device, s);
+    else
+      launch_weight_grad<E, false, 64>(runs, a.c_in, a.c_out, rel, rp, rk, run, x, dy, part, dw, device, s);
+  }
   const unsigned blocks = blocks_for(n, 256) > 65535u * 32u ? 65535u * 32u : blocks_for(n, 256);
   reduce_runs<E><<<blocks, 256, 0, s>>>(part, rp, rel.kernel_volume, per_offset, dw);
   LATTICE_CUDA_CHECK_LAUNCH();
