@@ -477,9 +477,12 @@ struct DeviceEdgeList {
   Array in_idx, out_idx, k_idx;
 };
 // The per-offset grouping of a map: k_ptr (K + 1) int64, k_in / k_out (E) int32 sorted by (k, o)
-// (k_in the map's values, k_out its rows).
+// (k_in the map's values, k_out its rows). Asked for with an unknown edge count (-1), the entry
+// point finds the count by reading k_ptr back (one read-back on a device) and returns that copy
+// in host_k_ptr (empty otherwise): the count and the host segment bounds in one read.
 struct DeviceOffsetGrouping {
   Array k_ptr, k_in, k_out;
+  std::vector<std::int64_t> host_k_ptr;
 };
 // Input-side views of a relation from its per-offset grouping: in_ptr (n_in + 1) int64 (edges per
 // input row), kt_in / kt_out (E) int32 with each offset's edges sorted by input row.

@@ -145,7 +145,7 @@ struct RelationKernels {
   Array (*row_ptr)(const Array& map) = nullptr;
   // The output-major edge list of a map with n_edges entries and its row_ptr.
   DeviceEdgeList (*edge_list)(const Array& map, const Array& row_ptr, std::int64_t n_edges) = nullptr;
-  // The per-offset grouping of a map with n_edges entries.
+  // The per-offset grouping of a map with n_edges entries (-1: not known; see DeviceOffsetGrouping).
   DeviceOffsetGrouping (*per_offset)(const Array& map, std::int64_t n_edges) = nullptr;
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;

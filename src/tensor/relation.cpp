@@ -347,10 +347,20 @@ const Relation::EdgeList& Relation::edge_list() const {
   return edge_list_;
 }
 
+// Without a known count the route finds it while grouping (a device reads k_ptr back once) and
+// returns the host bounds with it: one read-back gives n_edges and host_k_ptr.
 const Relation::OffsetGrouping& Relation::offset_grouping() const {
   std::call_once(grouping_once_, [this] {
-    const std::int64_t e = n_edges();
-    backend::DeviceOffsetGrouping g = relation_kernels(relation_problem(*this, "per_offset")).per_offset(gemm_map_, e);
+    const std::int64_t known = known_edges();
+    backend::DeviceOffsetGrouping g =
+        relation_kernels(relation_problem(*this, "per_offset")).per_offset(gemm_map_, known);
+    if (known < 0) {
+      LATTICE_ASSERT(static_cast<std::int64_t>(g.host_k_ptr.size()) == kernel_volume + 1,
+                     "per-offset grouping returned no host bounds for an uncounted relation");
+      n_edges_.store(g.host_k_ptr.back(), std::memory_order_release);
+      std::call_once(host_k_ptr_once_, [&] { host_k_ptr_ = std::move(g.host_k_ptr); });
+      host_k_ptr_ready_.store(true, std::memory_order_release);
+    }
     grouping_ = OffsetGrouping{std::move(g.k_ptr), std::move(g.k_in), std::move(g.k_out)};
     mark(kOffsetGrouping);
   });
@@ -421,8 +431,9 @@ const Array& Relation::input_gemm_order() const {
 }
 
 const std::vector<std::int64_t>& Relation::host_k_ptr() const {
-  std::call_once(host_k_ptr_once_, [this] {
-    const Array& kp = k_ptr();
+  // First the grouping (outside the flag: building it may fill host_k_ptr_ under the same flag).
+  const Array& kp = k_ptr();
+  std::call_once(host_k_ptr_once_, [&] {
     const Array h = kp.device().is_cpu() ? kp : kp.to(Device::cpu());
     const std::int64_t* p = h.data<std::int64_t>();
     host_k_ptr_.assign(p, p + kernel_volume + 1);

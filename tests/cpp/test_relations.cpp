@@ -516,6 +516,108 @@ TEST(Relation, LargeSubmanifoldRelationIsThreadCountIndependent) {
   }
 }
 
+// ---- lazy views (lattice/tensor/relation.h "Views") ------------------------------------------
+
+// A submanifold 3^3 build stores its (n_out, K) map and nothing else: no edge list, no grouping,
+// no count (its count is not fixed by the geometry). What a forward implicit-GEMM pass reads (the
+// map and its tile order) adds only the order; the memory a relation holds for that use is
+// 4 * K bytes per row plus 4 per row. Each further view appears only when asked for.
+TEST(RelationViews, SubmanifoldBuildStoresTheMapAloneAndBuildsViewsOnRequest) {
+  std::mt19937 rng(5);
+  auto x = make_set(random_cloud(rng, 4000, 2, 14));
+  auto [rel, out] = relate(x, RelationKind::submanifold, spec_of(cube(3)));
+  const std::int64_t n = rel->n_out;
+  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap});
+  EXPECT_EQ(rel->known_edges(), -1);
+  EXPECT_EQ(rel->view_bytes(), n * 27 * 4);
+
+  rel->gemm_map();
+  ASSERT_TRUE(rel->gemm_order().defined());
+  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap | Relation::kGemmOrder});
+  EXPECT_EQ(rel->view_bytes(), n * 27 * 4 + n * 4);
+  EXPECT_EQ(rel->known_edges(), -1);  // still uncounted: the forward never needs the count
+
+  // The per-offset grouping finds the count itself and keeps the host bounds with it.
+  const auto k_ptr = values<std::int64_t>(rel->k_ptr());
+  EXPECT_EQ(rel->built_views() & Relation::kEdgeList, 0u);
+  EXPECT_NE(rel->built_views() & Relation::kEdgeCount, 0u);
+  EXPECT_EQ(rel->known_edges(), k_ptr.back());
+  EXPECT_EQ(rel->host_k_ptr(), k_ptr);
+  const std::int64_t grouped = n * 27 * 4 + n * 4 + 28 * 8 + 2 * 4 * rel->n_edges();
+  EXPECT_EQ(rel->view_bytes(), grouped);
+
+  rel->in_idx();  // the output-major list, with its row pointer
+  EXPECT_NE(rel->built_views() & Relation::kEdgeList, 0u);
+  EXPECT_NE(rel->built_views() & Relation::kOutPtr, 0u);
+  EXPECT_EQ(rel->view_bytes(), grouped + 3 * 4 * rel->n_edges() + (n + 1) * 8);
+  expect_consistent(*rel);
+}
+
+// The views are functions of the map alone: built in any order (edge list first, or the input
+// grouping and the count through the grouping first), on two independent builds of the same
+// rows, they are equal array for array.
+TEST(RelationViews, ViewsDoNotDependOnTheOrderTheyAreBuiltIn) {
+  std::mt19937 rng(9);
+  const auto rows = random_cloud(rng, 3000, 2, 12);
+  auto [a, a_out] = relate(make_set(rows), RelationKind::submanifold, spec_of(cube(3)));
+  auto [b, b_out] = relate(make_set(rows), RelationKind::submanifold, spec_of(cube(3)));
+  a->n_edges();  // counted through the map
+  a->in_idx();
+  a->k_ptr();
+  a->input_grouping();
+  b->input_grouping();  // counted through the grouping
+  b->in_idx();
+  EXPECT_EQ(a->n_edges(), b->n_edges());
+  for (auto get : {&Relation::in_idx, &Relation::out_idx, &Relation::k_idx, &Relation::k_in, &Relation::k_out})
+    EXPECT_EQ(values<std::int32_t>(((*a).*get)()), values<std::int32_t>(((*b).*get)()));
+  EXPECT_EQ(values<std::int64_t>(a->out_ptr()), values<std::int64_t>(b->out_ptr()));
+  EXPECT_EQ(values<std::int64_t>(a->k_ptr()), values<std::int64_t>(b->k_ptr()));
+  EXPECT_EQ(values<std::int64_t>(a->input_grouping().in_ptr), values<std::int64_t>(b->input_grouping().in_ptr));
+  EXPECT_EQ(values<std::int32_t>(a->input_grouping().kt_in), values<std::int32_t>(b->input_grouping().kt_in));
+  EXPECT_EQ(values<std::int32_t>(a->input_grouping().kt_out), values<std::int32_t>(b->input_grouping().kt_out));
+  expect_consistent(*a);
+  expect_consistent(*b);
+}
+
+// Where the geometry fixes the count (the identity, a k2 s2 partition), it is known at build time:
+// no view has to be built (on a device: no read-back) to know it.
+TEST(RelationViews, GeometryHintsKnowTheCountWithoutAnyView) {
+  std::mt19937 rng(3);
+  auto x = make_set(random_cloud(rng, 500, 2, 10));
+  auto [one, one_out] = relate(x, RelationKind::submanifold, spec_of(cube(1)));
+  EXPECT_TRUE(one->identity);
+  EXPECT_EQ(one->known_edges(), x->size());
+  auto [down, down_out] = relate(x, RelationKind::forward, spec_of(cube(2), cube(2)));
+  EXPECT_EQ(down->known_edges(), x->size());
+  EXPECT_EQ(down->built_views(), unsigned{Relation::kGemmMap | Relation::kEdgeCount});
+  expect_consistent(*down);
+}
+
+// A transposed conv onto the skip reuses the forward relation's maps (nothing hashed, nothing
+// copied): its map is forward's input-side map and the other way round, and its count is
+// forward's. Its views equal those of a relation hashed from the transposed rule.
+TEST(RelationViews, TransposeSharesTheForwardMaps) {
+  std::mt19937 rng(13);
+  auto fine = make_set(random_cloud(rng, 800, 2, 10));
+  const KernelSpec spec = spec_of(cube(2), cube(2));
+  auto [fwd, coarse] = relate(fine, RelationKind::forward, spec);
+  auto [back, back_out] = relate(coarse, RelationKind::transposed_target, spec, fine);
+  ASSERT_TRUE(back->transposed);
+  EXPECT_EQ(back->gemm_map().raw_data(), fwd->input_gemm_map().raw_data());
+  EXPECT_EQ(back->input_gemm_map().raw_data(), fwd->gemm_map().raw_data());
+  EXPECT_EQ(back->known_edges(), fwd->known_edges());
+  EXPECT_EQ(back->built_views() & (Relation::kEdgeList | Relation::kOffsetGrouping), 0u);
+  // Hashed directly from a fresh copy of the coarse rows (no cached forward to transpose).
+  auto hashed_in = make_set(rows_of(*coarse), coarse->stride());
+  auto [hashed, hashed_out] = relate(hashed_in, RelationKind::transposed_target, spec, fine);
+  ASSERT_FALSE(hashed->transposed);
+  EXPECT_EQ(values<std::int32_t>(back->gemm_map()), values<std::int32_t>(hashed->gemm_map()));
+  EXPECT_EQ(edges_of(*back), edges_of(*hashed));
+  EXPECT_EQ(values<std::int32_t>(back->k_in()), values<std::int32_t>(hashed->k_in()));
+  EXPECT_EQ(values<std::int32_t>(back->k_out()), values<std::int32_t>(hashed->k_out()));
+  expect_consistent(*back);
+}
+
 TEST(Relation, GemmMapAndRowMasksSpanTwoWordsForK125) {
   std::mt19937 rng(11);
   auto x = make_set(random_cloud(rng, 300, 1, 4));

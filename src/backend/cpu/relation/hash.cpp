@@ -478,6 +478,10 @@ DeviceOffsetGrouping relation_cpu_hash_per_offset(const Array& map, std::int64_t
     }
   }
   k_ptr[K] = running;
+  if (n_edges < 0) {  // the count from the scan, returned with the bounds (as on a device)
+    n_edges = running;
+    r.host_k_ptr.assign(k_ptr, k_ptr + K + 1);
+  }
   LATTICE_ASSERT(running == n_edges, "per-offset grouping: edge count disagrees with the map");
   r.k_in = Array::empty({n_edges}, Dtype::i32);
   r.k_out = Array::empty({n_edges}, Dtype::i32);

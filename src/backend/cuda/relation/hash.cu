@@ -566,8 +566,8 @@ DeviceEdgeList device_edge_list(const Array& map, const Array& row_ptr, std::int
   return r;
 }
 
-// The per-offset grouping: the map compacted in k-major order (no read-back: the caller knows
-// the count).
+// The per-offset grouping: the map compacted in k-major order. With the count known, no
+// read-back; without it, k_ptr (K + 1 values) is read back once: the count and the host bounds.
 DeviceOffsetGrouping device_per_offset(const Array& map, std::int64_t n_edges) {
   const Device device = map.device();
   DeviceGuard guard(device.index);
@@ -576,10 +576,11 @@ DeviceOffsetGrouping device_per_offset(const Array& map, std::int64_t n_edges) {
   const std::int64_t K = map.dim(1);
   const std::int64_t pairs = n_out * K;
   DeviceOffsetGrouping r;
-  r.k_in = Array::empty({n_edges}, Dtype::i32, device);
-  r.k_out = Array::empty({n_edges}, Dtype::i32, device);
-  if (n_edges == 0) {
+  if (n_edges == 0 || pairs == 0) {
     r.k_ptr = Array::zeros({K + 1}, Dtype::i64, device);
+    r.k_in = Array::empty({0}, Dtype::i32, device);
+    r.k_out = Array::empty({0}, Dtype::i32, device);
+    if (n_edges < 0) r.host_k_ptr.assign(static_cast<std::size_t>(K + 1), 0);
     return r;
   }
   const std::int32_t* m = map.data<std::int32_t>();
@@ -590,9 +591,19 @@ DeviceOffsetGrouping device_per_offset(const Array& map, std::int64_t n_edges) {
   r.k_ptr = Array::empty({K + 1}, Dtype::i64, device);
   k_ptr_kernel<<<grid_for(K + 1), kThreads, 0, s>>>(pos.data<std::int64_t>(), n_out, K, r.k_ptr.data<std::int64_t>());
   LATTICE_CUDA_CHECK_LAUNCH();
-  per_offset_kernel<<<grid_for(pairs), kThreads, 0, s>>>(m, pos.data<std::int64_t>(), n_out, K,
-                                                         r.k_in.data<std::int32_t>(), r.k_out.data<std::int32_t>());
-  LATTICE_CUDA_CHECK_LAUNCH();
+  if (n_edges < 0) {
+    r.host_k_ptr.resize(static_cast<std::size_t>(K + 1));
+    copy_to_host(r.host_k_ptr.data(), r.k_ptr.raw_data(), static_cast<std::size_t>(K + 1) * sizeof(std::int64_t),
+                 device);
+    n_edges = r.host_k_ptr.back();
+  }
+  r.k_in = Array::empty({n_edges}, Dtype::i32, device);
+  r.k_out = Array::empty({n_edges}, Dtype::i32, device);
+  if (n_edges > 0) {
+    per_offset_kernel<<<grid_for(pairs), kThreads, 0, s>>>(m, pos.data<std::int64_t>(), n_out, K,
+                                                           r.k_in.data<std::int32_t>(), r.k_out.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
   return r;
 }
 
