@@ -318,6 +318,14 @@ def relation_case(tag: str, workload: str, channels: int = 32) -> Case:
         res: dict[str, Any] = {"op": geom.op, "kernel_size": geom.kernel, "stride": geom.stride, **_relation_fields(p)}
         res["route"] = lattice.explain(geom.op, x, s.weight, **s.kwargs(tgt)).chosen
         res["route_note"] = f"forward route of the C{channels} conv consuming this relation"
+        # Device memory of the relation after one forward on a fresh tensor: its stored map plus the
+        # views that forward's route reads (Relation.view_bytes; every other view is built on demand).
+        xf, tf = s.fresh()
+        s.call(xf, tf)
+        rf = s.plan(xf, tf).relation
+        res["forward_views"] = rf.built_views()
+        res["forward_view_bytes"] = int(rf.view_bytes)
+        res["forward_bytes_per_edge"] = res["forward_view_bytes"] / res["pairs"] if res["pairs"] else 0.0
 
         def index(a: tuple) -> Any:
             xi, ti = a

@@ -384,7 +384,7 @@ DeviceEdges relation_cpu_hash_edges(const DeviceEdgeArgs& args) {
   // hints (which a device route trusts instead of reading counts back) must agree with what was
   // found: every CPU build checks them.
   edges.identity = is_identity(map, args.input.dim(0));
-  edges.n_edges = args.known_edges;
+  edges.n_edges = edges.identity ? n_out : args.known_edges;  // the identity has one edge per row
   if (args.known_edges >= 0) {
     LATTICE_ASSERT(args.known_edges == relation_cpu_hash_count_edges(map),
                    "relation edge-count hint disagrees with the edges found");
