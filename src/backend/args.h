@@ -15,6 +15,9 @@ namespace lattice::backend {
 
 // The views of one relation that kernels read (built by src/tensor/relation.cpp).
 // Edges (i, o, k) with i < n_in, o < n_out, k < kernel_volume; at most one edge per (o, k).
+// Filled per route and pass with exactly what that route reads (conv_relation_reads,
+// src/route/conv_routes.cpp; ops::relation_view): every field it does not read is null, and
+// n_edges is 0 when the route does not read the count (the implicit-GEMM forward).
 struct RelationView {
   std::int64_t n_in = 0;
   std::int64_t n_out = 0;
