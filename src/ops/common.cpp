@@ -123,6 +123,13 @@ backend::RelationView relation_view(const Relation& r, unsigned reads) {
   v.n_out = r.n_out;
   v.kernel_volume = r.kernel_volume;
   v.identity = r.identity;
+  // The per-offset grouping first: for an uncounted relation it finds the count and the host
+  // bounds in one read-back, which the count and host_k_ptr below then reuse.
+  if (reads & kRelationReadOffsetGrouping) {
+    v.k_ptr = r.k_ptr().data<std::int64_t>();
+    v.k_in = r.k_in().data<std::int32_t>();
+    v.k_out = r.k_out().data<std::int32_t>();
+  }
   if (reads & kRelationReadCount) v.n_edges = r.n_edges();
   if (reads & kRelationReadEdgeList) {
     v.in_idx = r.in_idx().data<std::int32_t>();
@@ -130,11 +137,6 @@ backend::RelationView relation_view(const Relation& r, unsigned reads) {
     v.k_idx = r.k_idx().data<std::int32_t>();
   }
   if (reads & kRelationReadOutPtr) v.out_ptr = r.out_ptr().data<std::int64_t>();
-  if (reads & kRelationReadOffsetGrouping) {
-    v.k_ptr = r.k_ptr().data<std::int64_t>();
-    v.k_in = r.k_in().data<std::int32_t>();
-    v.k_out = r.k_out().data<std::int32_t>();
-  }
   if (reads & kRelationReadHostKPtr) {
     v.host_k_ptr_owner = &r;
     v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
