@@ -19,7 +19,9 @@
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 #include "lattice/tensor/coordinate_set.h"
+#include "lattice/route/route.h"
 #include "lattice/tensor/relation.h"
+#include "ops/common.h"
 
 namespace lattice {
 namespace {
@@ -551,6 +553,38 @@ TEST(RelationViews, SubmanifoldBuildStoresTheMapAloneAndBuildsViewsOnRequest) {
   EXPECT_NE(rel->built_views() & Relation::kOutPtr, 0u);
   EXPECT_EQ(rel->view_bytes(), grouped + 3 * 4 * rel->n_edges() + (n + 1) * 8);
   expect_consistent(*rel);
+}
+
+// The kernels' view for the implicit-GEMM forward (what the CUDA route gets; built here from a
+// CPU relation, the same code on every device): the map and its tile order, nothing else; no
+// count (0 in the view), no edge list, no grouping, and the relation builds nothing more. The
+// input- and weight-gradient views add what those passes read.
+TEST(RelationViews, ImplicitGemmViewsHoldWhatEachPassReads) {
+  std::mt19937 rng(17);
+  auto x = make_set(random_cloud(rng, 2000, 2, 12));
+  auto [rel, out] = relate(x, RelationKind::submanifold, spec_of(cube(3)));
+  const backend::RelationView fwd =
+      ops::relation_view(*rel, conv_relation_reads(RouteId::conv_implicit_gemm_sm80, ConvPass::forward));
+  EXPECT_EQ(fwd.gemm_map, rel->gemm_map().data<std::int32_t>());
+  EXPECT_EQ(fwd.gemm_order, rel->gemm_order().data<std::int32_t>());
+  EXPECT_EQ(fwd.n_edges, 0);
+  EXPECT_EQ(fwd.in_idx, nullptr);
+  EXPECT_EQ(fwd.k_ptr, nullptr);
+  EXPECT_EQ(fwd.out_ptr, nullptr);
+  EXPECT_EQ(fwd.input_gemm_map, nullptr);
+  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap | Relation::kGemmOrder});
+
+  const backend::RelationView dw =
+      ops::relation_view(*rel, conv_relation_reads(RouteId::conv_implicit_gemm_sm80, ConvPass::weight_grad));
+  EXPECT_EQ(dw.n_edges, rel->n_edges());
+  EXPECT_NE(dw.k_ptr, nullptr);
+  EXPECT_EQ(dw.input_gemm_map, nullptr);
+  EXPECT_EQ(rel->built_views() & (Relation::kInputGemmMap | Relation::kInputGrouping), 0u);
+  const backend::RelationView dx =
+      ops::relation_view(*rel, conv_relation_reads(RouteId::conv_implicit_gemm_sm80, ConvPass::input_grad));
+  EXPECT_EQ(dx.input_gemm_map, rel->input_gemm_map().data<std::int32_t>());
+  EXPECT_EQ(dx.in_ptr, nullptr);  // the input grouping is for the CPU gather route only
+  EXPECT_EQ(rel->built_views() & Relation::kInputGrouping, 0u);
 }
 
 // The views are functions of the map alone: built in any order (edge list first, or the input
