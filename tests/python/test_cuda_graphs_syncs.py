@@ -153,14 +153,15 @@ def test_implicit_gemm_forward_builds_the_map_alone_on_a_dense_cube() -> None:
     gen = torch.Generator().manual_seed(3)
     feats = torch.randn(coords.shape[0], 16, generator=gen)
     w = torch.randn(16, 3, 3, 3, 16, generator=gen) * 0.1
+    wd = w.half().to(DEV)
     with torch.no_grad():
         x = SparseTensor(coords.to(DEV), feats.half().to(DEV))
         torch.cuda.synchronize()
         before = lattice.cuda.host_syncs()
-        y = lattice.ops.subm_conv3d(x, w.half().to(DEV))
+        y = lattice.ops.subm_conv3d(x, wd)
         torch.cuda.synchronize()
         assert lattice.cuda.host_syncs() - before == 1  # the duplicate check of the fresh set
-        rel = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, w.half().to(DEV)).relation
+        rel = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, wd).relation
         assert sorted(rel.built_views()) == ["gemm_map", "gemm_order"]
         assert rel.known_edges is None
         n_edges = int(rel.n_edges)
