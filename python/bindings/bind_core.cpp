@@ -43,19 +43,41 @@ void bind_core(py::module_& m) {
       .def_readonly("n_in", &Relation::n_in)
       .def_readonly("n_out", &Relation::n_out)
       .def_readonly("kernel_volume", &Relation::kernel_volume)
-      .def_readonly("n_edges", &Relation::n_edges)
+      // Counted on first read (one read-back for a device relation whose count the geometry
+      // does not fix), like every view below: built when first asked for.
+      .def_property_readonly("n_edges", [](const Relation& r) { return r.n_edges(); })
       .def_readonly("identity", &Relation::identity)
       .def("arrays", [](const Relation& r) {
         py::dict d;
-        d["in_idx"] = capsule_from_array(r.in_idx);
-        d["out_idx"] = capsule_from_array(r.out_idx);
-        d["k_idx"] = capsule_from_array(r.k_idx);
-        d["out_ptr"] = capsule_from_array(r.out_ptr);
-        d["k_ptr"] = capsule_from_array(r.k_ptr);
-        d["k_in"] = capsule_from_array(r.k_in);
-        d["k_out"] = capsule_from_array(r.k_out);
+        d["in_idx"] = capsule_from_array(r.in_idx());
+        d["out_idx"] = capsule_from_array(r.out_idx());
+        d["k_idx"] = capsule_from_array(r.k_idx());
+        d["out_ptr"] = capsule_from_array(r.out_ptr());
+        d["k_ptr"] = capsule_from_array(r.k_ptr());
+        d["k_in"] = capsule_from_array(r.k_in());
+        d["k_out"] = capsule_from_array(r.k_out());
         return d;
-      }, "Edge list (output-major) and views, as DLPack capsules.")
+      }, "Edge list (output-major) and views, as DLPack capsules (built on first request).")
+      // The views that exist now (names) and the bytes they hold on the relation's device.
+      .def("built_views", [](const Relation& r) {
+        const unsigned v = r.built_views();
+        py::list names;
+        const std::pair<Relation::View, const char*> all[] = {
+            {Relation::kGemmMap, "gemm_map"}, {Relation::kEdgeList, "edge_list"}, {Relation::kOutPtr, "out_ptr"},
+            {Relation::kOffsetGrouping, "offset_grouping"}, {Relation::kRowMasks, "row_masks"},
+            {Relation::kInputGrouping, "input_grouping"}, {Relation::kInputGemmMap, "input_gemm_map"},
+            {Relation::kGemmOrder, "gemm_order"}, {Relation::kInputGemmOrder, "input_gemm_order"},
+            {Relation::kEdgeCount, "edge_count"}};
+        for (const auto& [bit, name] : all)
+          if (v & bit) names.append(name);
+        return names;
+      })
+      .def_property_readonly("view_bytes", &Relation::view_bytes)
+      // The edge count when known without counting (geometry, an earlier count), else None.
+      .def_property_readonly("known_edges", [](const Relation& r) -> py::object {
+        const std::int64_t e = r.known_edges();
+        return e >= 0 ? py::object(py::int_(e)) : py::object(py::none());
+      })
       .def("gemm_map", [](const Relation& r) { return capsule_from_array(r.gemm_map()); })
       .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); })
       .def("input_gemm_map", [](const Relation& r) { return capsule_from_array(r.input_gemm_map()); })

@@ -15,6 +15,9 @@ namespace lattice::backend {
 
 // The views of one relation that kernels read (built by src/tensor/relation.cpp).
 // Edges (i, o, k) with i < n_in, o < n_out, k < kernel_volume; at most one edge per (o, k).
+// Filled per route and pass with exactly what that route reads (conv_relation_reads,
+// src/route/conv_routes.cpp; ops::relation_view): every field it does not read is null, and
+// n_edges is 0 when the route does not read the count (the implicit-GEMM forward).
 struct RelationView {
   std::int64_t n_in = 0;
   std::int64_t n_out = 0;
@@ -461,36 +464,39 @@ struct DeviceEdgeArgs {
   std::int64_t known_edges = -1;
   bool known_identity = false;
 };
-// Every view of a Relation (lattice/tensor/relation.h), same dtypes, shapes and order as the CPU
-// build: map (n_out, K) int32; out_ptr (n_out + 1) int64; in_idx / out_idx / k_idx (E) int32
-// sorted by (o, k); k_ptr (K + 1) int64; k_in / k_out (E) int32 sorted by (k, o).
+// What a relation build produces (lattice/tensor/relation.h "Views"): the (n_out, K) int32 map
+// and what the geometry or the build says about it, nothing else; every other view is derived
+// from the map on first use by the entry points below. n_edges is the edge count when known
+// without a device read-back (the caller's hint, or counted on the host by cpu_hash only when a
+// hint is to be checked), else -1: counted on first use (RelationKernels::count_edges).
 struct DeviceEdges {
-  Array map, out_ptr, in_idx, out_idx, k_idx, k_ptr, k_in, k_out;
-  std::int64_t n_edges = 0;
-  bool identity = false;  // K == 1, n_in == n_out == E and every edge is (i, i, 0)
+  Array map;
+  std::int64_t n_edges = -1;
+  bool identity = false;  // K == 1, n_in == n_out and map[o] == o for every row
 };
-// Input-side views of a relation: in_ptr (n_in + 1) int64, kt_in / kt_out (E) int32 with each
-// offset's edges sorted by input row.
+// The output-major edge list from a map and its row CSR: in_idx / out_idx / k_idx (E) int32
+// sorted by (o, k).
+struct DeviceEdgeList {
+  Array in_idx, out_idx, k_idx;
+};
+// The per-offset grouping of a map: k_ptr (K + 1) int64, k_in / k_out (E) int32 sorted by (k, o)
+// (k_in the map's values, k_out its rows). Asked for with an unknown edge count (-1), the entry
+// point finds the count by reading k_ptr back (one read-back on a device) and returns that copy
+// in host_k_ptr (empty otherwise): the count and the host segment bounds in one read.
+struct DeviceOffsetGrouping {
+  Array k_ptr, k_in, k_out;
+  std::vector<std::int64_t> host_k_ptr;
+};
+// Input-side views of a relation from its per-offset grouping: in_ptr (n_in + 1) int64 (edges per
+// input row), kt_in / kt_out (E) int32 with each offset's edges sorted by input row.
 struct DeviceInputGroupingArgs {
   std::int64_t n_in = 0;
   std::int64_t kernel_volume = 1;
   std::int64_t n_edges = 0;
-  Array in_idx, out_idx, k_idx;  // the output-major edge list
-  Array k_ptr, k_in, k_out;      // the per-offset grouping (read by cpu_hash)
+  Array k_ptr, k_in, k_out;  // the per-offset grouping
 };
 struct DeviceInputGrouping {
   Array in_ptr, kt_in, kt_out;
-};
-// The transpose of a built relation R (n_in -> n_out, K offsets, E edges): the relation whose
-// edges are R's with input and output swapped and the same offset index, i.e. every view of
-// DeviceEdges for n_out -> n_in. A transposed conv onto the input of the strided conv that
-// produced its own input reads exactly this relation (even kernel sizes; see relation.cpp).
-struct DeviceTransposeArgs {
-  std::int64_t n_in = 0;  // R's
-  std::int64_t n_out = 0;
-  std::int64_t kernel_volume = 1;
-  std::int64_t n_edges = 0;
-  Array in_idx, out_idx, k_idx;  // R's output-major edge list
 };
 
 // ---- index builders for data on a device (pooling edges, point grouping) ----------------------

@@ -137,12 +137,22 @@ struct RelationKernels {
   DuplicateRow (*find_duplicate)(const Array& coords, const DeviceCoordTable& table) = nullptr;
   BatchHistogram (*batch_histogram)(const Array& coords, std::int64_t n_batches) = nullptr;
   DeviceSupportResult (*support)(const DeviceSupportArgs&) = nullptr;
+  // The relation's (n_out, K) map (see DeviceEdges); every other view derives from a map:
   DeviceEdges (*edges)(const DeviceEdgeArgs&) = nullptr;
+  // Edges in a map (entries >= 0); on a device, one read-back.
+  std::int64_t (*count_edges)(const Array& map) = nullptr;
+  // (n, K) map -> (n + 1) int64 CSR pointer over its rows (no read-back).
+  Array (*row_ptr)(const Array& map) = nullptr;
+  // The output-major edge list of a map with n_edges entries and its row_ptr.
+  DeviceEdgeList (*edge_list)(const Array& map, const Array& row_ptr, std::int64_t n_edges) = nullptr;
+  // The per-offset grouping of a map with n_edges entries (-1: not known; see DeviceOffsetGrouping).
+  DeviceOffsetGrouping (*per_offset)(const Array& map, std::int64_t n_edges) = nullptr;
   Array (*row_masks)(const Array& map) = nullptr;  // (n_out, K) int32 -> (n_out, ceil(K/64)) int64
   DeviceInputGrouping (*input_grouping)(const DeviceInputGroupingArgs&) = nullptr;
-  DeviceEdges (*transpose)(const DeviceTransposeArgs&) = nullptr;
-  // The input-side (R.n_in, K) map of R (args as for transpose): the transpose's gemm map alone.
-  Array (*input_map)(const DeviceTransposeArgs&) = nullptr;
+  // The input-side (n_in, K) map of a relation from its (n_out, K) map: inv[i, k] = o where
+  // map[o, k] == i, else -1 (no conflicts: each (input row, offset) holds at most one edge). It is
+  // also the map of the relation's transpose (bitwise what hashing the transposed rule gives).
+  Array (*input_map)(const Array& map, std::int64_t n_in) = nullptr;
   // (n, K) int32 map -> (n) int32: the rows stably sorted by their offset mask (bit k set iff
   // map[row, k] >= 0, compared as an unsigned integer), so that consecutive rows share offsets;
   // undefined when K > 64 (no order: implicit-GEMM tiles then take rows in index order).

@@ -117,40 +117,45 @@ PlannedRelation plan_relation(std::string_view op, RelationKind kind,
   return planned;
 }
 
-backend::RelationView relation_view(const Relation& r, ConvPass pass) {
+backend::RelationView relation_view(const Relation& r, unsigned reads) {
   backend::RelationView v;
   v.n_in = r.n_in;
   v.n_out = r.n_out;
   v.kernel_volume = r.kernel_volume;
-  v.n_edges = r.n_edges;
-  v.in_idx = r.in_idx.data<std::int32_t>();
-  v.out_idx = r.out_idx.data<std::int32_t>();
-  v.k_idx = r.k_idx.data<std::int32_t>();
-  v.out_ptr = r.out_ptr.data<std::int64_t>();
-  v.k_ptr = r.k_ptr.data<std::int64_t>();
-  v.k_in = r.k_in.data<std::int32_t>();
-  v.k_out = r.k_out.data<std::int32_t>();
   v.identity = r.identity;
-  v.host_k_ptr_owner = &r;
-  v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
-  if (pass == ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
-    v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
-    const Array& order = r.input_gemm_order();
-    if (order.defined()) v.input_gemm_order = order.data<std::int32_t>();
+  // The per-offset grouping first: for an uncounted relation it finds the count and the host
+  // bounds in one read-back, which the count and host_k_ptr below then reuse.
+  if (reads & kRelationReadOffsetGrouping) {
+    v.k_ptr = r.k_ptr().data<std::int64_t>();
+    v.k_in = r.k_in().data<std::int32_t>();
+    v.k_out = r.k_out().data<std::int32_t>();
   }
-  if (pass == ConvPass::input_grad) {
+  if (reads & kRelationReadCount) v.n_edges = r.n_edges();
+  if (reads & kRelationReadEdgeList) {
+    v.in_idx = r.in_idx().data<std::int32_t>();
+    v.out_idx = r.out_idx().data<std::int32_t>();
+    v.k_idx = r.k_idx().data<std::int32_t>();
+  }
+  if (reads & kRelationReadOutPtr) v.out_ptr = r.out_ptr().data<std::int64_t>();
+  if (reads & kRelationReadHostKPtr) {
+    v.host_k_ptr_owner = &r;
+    v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
+  }
+  if (reads & kRelationReadInputGrouping) {
     const Relation::InputGrouping& g = r.input_grouping();
     v.in_ptr = g.in_ptr.data<std::int64_t>();
     v.kt_in = g.kt_in.data<std::int32_t>();
     v.kt_out = g.kt_out.data<std::int32_t>();
   }
-  if (pass != ConvPass::input_grad && r.in_idx.defined() && r.in_idx.device().is_cuda()) {
-    const Array& map = r.gemm_map();
-    if (map.defined() && map.device() == r.in_idx.device()) {
-      v.gemm_map = map.data<std::int32_t>();
-      const Array& order = r.gemm_order();
-      if (order.defined()) v.gemm_order = order.data<std::int32_t>();
-    }
+  if (reads & kRelationReadGemmMap) v.gemm_map = r.gemm_map().data<std::int32_t>();
+  if (reads & kRelationReadGemmOrder) {
+    const Array& order = r.gemm_order();
+    if (order.defined()) v.gemm_order = order.data<std::int32_t>();
+  }
+  if (reads & kRelationReadInputGemmMap) v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
+  if (reads & kRelationReadInputGemmOrder) {
+    const Array& order = r.input_gemm_order();
+    if (order.defined()) v.input_gemm_order = order.data<std::int32_t>();
   }
   return v;
 }

@@ -64,9 +64,8 @@ PlannedRelation plan_relation(std::string_view op, RelationKind kind,
                               const std::shared_ptr<CoordinateSet>& x, const KernelSpec& requested,
                               const std::shared_ptr<CoordinateSet>& target);
 
-// The kernels' view of a relation (non-owning pointers into its arrays). `pass` input_grad adds
-// the input-side grouping; relations on a CUDA device add their cached N_out x K map for the
-// forward and weight passes (device routes read it; CPU routes do not need it).
-backend::RelationView relation_view(const Relation& r, ConvPass pass = ConvPass::forward);
+// The kernels' view of a relation (non-owning pointers into its arrays): the views of `r` named by `reads` (bits of RelationRead; conv_relation_reads(route, pass) for a
+// conv route), built on first use; every other field of the view stays null / 0.
+backend::RelationView relation_view(const Relation& r, unsigned reads);
 
 }  // namespace lattice::ops

@@ -76,18 +76,30 @@ ConvProblem make_problem(const ConvPlan& plan, const Array& feats, std::int64_t 
   p.c_in = feats.dim(1);
   p.c_out = c_out;
   p.kernel_volume = plan.relation->kernel_volume;
-  p.n_edges = plan.relation->n_edges;
+  // Known from the geometry or an earlier pass, else -1: counting here would read back on a
+  // device (no route's admission depends on it; explain_conv counts).
+  p.n_edges = plan.relation->known_edges();
   p.identity_relation = plan.relation->identity;
   p.deterministic = plan.options.deterministic;
   p.allow_tf32 = plan.options.allow_tf32;
   return p;
 }
 
-const backend::ConvKernels& choose(const ConvPlan& plan, const ConvProblem& problem) {
+// The route for `problem` and its kernels.
+struct Chosen {
+  RouteId id;
+  const backend::ConvKernels& kernels;
+};
+Chosen choose(const ConvPlan& plan, const ConvProblem& problem) {
   const RouteId id = decide_or_throw(problem, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
   const backend::ConvKernels* k = backend::find_conv_kernels(id);
   LATTICE_ASSERT(k != nullptr, "admitted conv route has no kernels in this build");
-  return *k;
+  return {id, *k};
+}
+
+// The relation views `route` reads in `pass` (only those are built).
+backend::RelationView view_for(const ConvPlan& plan, RouteId route, ConvPass pass) {
+  return relation_view(*plan.relation, conv_relation_reads(route, pass));
 }
 
 // Column sums of grad_out (n_out, C_out) -> (C_out), accumulated in f32 (f64 for f64).
@@ -135,11 +147,12 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
     b = bias->contiguous();
   }
   const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::forward);
-  const backend::ConvKernels& k = choose(plan, problem);
+  const Chosen chosen = choose(plan, problem);
+  const backend::ConvKernels& k = chosen.kernels;
   Array y = Array::empty({plan.relation->n_out, w.c_out}, x.dtype(), x.device());
   backend::ConvArgs args;
   args.dtype = x.dtype();
-  args.rel = relation_view(*plan.relation);
+  args.rel = view_for(plan, chosen.id, ConvPass::forward);
   args.c_in = x.dim(1);
   args.c_out = w.c_out;
   args.x = x.raw_data();
@@ -170,7 +183,6 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   const Array dy = grad_out.contiguous();
   backend::ConvArgs args;
   args.dtype = x.dtype();
-  args.rel = relation_view(*plan.relation);
   args.c_in = x.dim(1);
   args.c_out = w.c_out;
   args.x = x.raw_data();
@@ -180,34 +192,38 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   args.allow_tf32 = plan.options.allow_tf32;
   ConvGrads grads;
   if (request.input) {
-    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
+    const Chosen chosen = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
     grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
     args.dx = grads.input.raw_data();
-    args.rel = relation_view(*plan.relation, ConvPass::input_grad);
-    k.input_grad(args);
+    args.rel = view_for(plan, chosen.id, ConvPass::input_grad);
+    chosen.kernels.input_grad(args);
   }
   if (request.weight) {
-    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    const Chosen chosen = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
     Array dw = Array::empty({plan.relation->kernel_volume, x.dim(1), w.c_out}, x.dtype(), x.device());
     args.dw = dw.raw_data();
-    k.weight_grad(args);
+    args.rel = view_for(plan, chosen.id, ConvPass::weight_grad);
+    chosen.kernels.weight_grad(args);
     grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
   }
   if (request.bias) {
     // The weight-gradient route sums dy's columns on its device (every route has a bias kernel).
-    const backend::ConvKernels& k = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
-    LATTICE_ASSERT(k.bias_grad != nullptr, "admitted conv route has no bias_grad kernel");
+    const Chosen chosen = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    LATTICE_ASSERT(chosen.kernels.bias_grad != nullptr, "admitted conv route has no bias_grad kernel");
     grads.bias = Array::empty({w.c_out}, x.dtype(), x.device());
-    args.rel = relation_view(*plan.relation);
+    args.rel = relation_view(*plan.relation, 0);  // bias gradients read n_out alone
     args.dbias = grads.bias.raw_data();
-    k.bias_grad(args);
+    chosen.kernels.bias_grad(args);
   }
   return grads;
 }
 
+// The explanations count the relation's edges (one read-back for an uncounted device relation):
+// they are for people, off the hot path.
 Explanation explain_float_conv(const ConvPlan& plan, const Array& feats, std::int64_t c_out, ConvPass pass) {
-  return explain(make_problem(plan, feats, c_out, pass), backend::device_caps(),
-                 effective_policy(plan.options.policy, "conv"));
+  ConvProblem p = make_problem(plan, feats, c_out, pass);
+  p.n_edges = plan.relation->n_edges();
+  return explain(p, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
 }
 
 Explanation explain_relation(const ConvPlan& plan) {
@@ -221,8 +237,9 @@ Explanation explain_relation(const ConvPlan& plan) {
 
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight, ConvPass pass) {
   const CheckedWeight w = check_weight(plan, feats, weight);
-  Explanation e = explain(make_problem(plan, feats, w.c_out, pass), backend::device_caps(),
-                          effective_policy(plan.options.policy, "conv"));
+  ConvProblem p = make_problem(plan, feats, w.c_out, pass);
+  p.n_edges = plan.relation->n_edges();
+  Explanation e = explain(p, backend::device_caps(), effective_policy(plan.options.policy, "conv"));
   e.prior.push_back(explain_relation(plan));
   return e;
 }

@@ -67,9 +67,9 @@ PoolPlan plan_over_relation(std::string_view op, PoolMode mode, PoolEdges edges,
   plan.policy = o.policy;
   plan.n_in = planned.relation->n_in;
   plan.n_out = planned.relation->n_out;
-  plan.n_edges = planned.relation->n_edges;
-  plan.out_ptr = planned.relation->out_ptr;
-  plan.in_idx = planned.relation->in_idx;
+  plan.n_edges = planned.relation->n_edges();
+  plan.out_ptr = planned.relation->out_ptr();
+  plan.in_idx = planned.relation->in_idx();
   plan.relation = std::move(planned.relation);
   plan.input = x;
   plan.output = std::move(planned.output);

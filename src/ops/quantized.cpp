@@ -187,7 +187,7 @@ QuantizedProblem conv_problem(const ConvPlan& plan, const Array& feats, const Ch
   p.relation = plan.kind;
   p.n_in = plan.relation->n_in;
   p.n_out = plan.relation->n_out;
-  p.n_edges = plan.relation->n_edges;
+  p.n_edges = plan.relation->n_edges();
   p.identity_relation = plan.relation->identity;
   return p;
 }
@@ -287,7 +287,7 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
   Array y = Array::empty({plan.relation->n_out, w.args.c_out}, x.dtype(), x.device());
   backend::QuantizedConvArgs a;
   a.dtype = x.dtype();
-  a.rel = relation_view(*plan.relation);
+  a.rel = relation_view(*plan.relation, kRelationReadAll);  // packed-weight routes: every view
   a.w = w.args;
   a.x = x.raw_data();
   a.bias = b.defined() ? b.raw_data() : nullptr;

@@ -116,6 +116,53 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
      admit_conv_reference},
 }};
 
+// What each route's kernels read from the relation, per pass (RelationView fields they
+// dereference or test; ops::relation_view fills exactly these, so a relation builds nothing
+// else; bias gradients read n_out alone). A field missing here is null in the view, so a CPU
+// route that read more would fail in every CPU conv test; the CUDA rows are checked by the CUDA
+// parity suite.
+constexpr unsigned kCount = kRelationReadCount;
+constexpr unsigned kEdgeList = kRelationReadEdgeList;
+constexpr unsigned kOutPtr = kRelationReadOutPtr;
+constexpr unsigned kGrouping = kRelationReadOffsetGrouping;
+unsigned relation_reads(RouteId route, ConvPass pass) {
+  switch (route) {
+    case RouteId::conv_pointwise_matmul:  // the identity flag and the row counts only
+      return 0;
+    case RouteId::conv_gather_gemm_scatter:  // gather_gemm_scatter.cpp
+      switch (pass) {
+        case ConvPass::forward: return kCount | kOutPtr | kGrouping;
+        case ConvPass::input_grad: return kCount | kGrouping | kRelationReadInputGrouping;
+        case ConvPass::weight_grad: return kCount | kGrouping;
+      }
+      break;
+    case RouteId::conv_implicit_gemm_sm80:  // implicit_gemm_sm80.cu
+      switch (pass) {
+        // The map and its tile order alone; the count is left out (0 in the view), which is also
+        // what the kernel's edge-list check (check_edges) needs to pass without an edge list.
+        case ConvPass::forward: return kRelationReadGemmMap | kRelationReadGemmOrder;
+        // check_edges asks for the edge list whenever the count is nonzero, though the input
+        // gradient reads the input-side map and the weight gradient the per-offset grouping.
+        case ConvPass::input_grad:
+          return kCount | kEdgeList | kRelationReadInputGemmMap | kRelationReadInputGemmOrder;
+        case ConvPass::weight_grad: return kCount | kEdgeList | kGrouping;
+      }
+      break;
+    case RouteId::conv_cuda_gather_gemm_scatter:  // gather_gemm_scatter.cu: per-offset GEMMs
+      return kCount | kGrouping | kRelationReadHostKPtr;
+    case RouteId::conv_reference:  // reference.cpp
+      switch (pass) {
+        case ConvPass::forward: return kOutPtr | kEdgeList;
+        case ConvPass::input_grad: return kCount | kEdgeList;
+        case ConvPass::weight_grad: return kCount | kGrouping;
+      }
+      break;
+    default:
+      break;
+  }
+  return kRelationReadAll;
+}
+
 }  // namespace
 
 void route_detail::conv_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kConvRoutes); }
@@ -127,5 +174,7 @@ Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const Ro
 std::optional<RouteId> select(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
   return route_detail::decide_table(kConvRoutes, problem, caps, policy);
 }
+
+unsigned conv_relation_reads(RouteId route, ConvPass pass) { return relation_reads(route, pass); }
 
 }  // namespace lattice

@@ -105,7 +105,7 @@ struct Views {
     v.n_in = r.n_in;
     v.n_out = r.n_out;
     v.kernel_volume = r.kernel_volume;
-    v.n_edges = r.n_edges;
+    v.n_edges = r.n_edges();
     v.in_idx = in_idx.data<std::int32_t>();
     v.out_idx = out_idx.data<std::int32_t>();
     v.k_idx = k_idx.data<std::int32_t>();
@@ -120,8 +120,8 @@ struct Views {
 };
 
 Views views_on(const Relation& r, Device d) {
-  return Views{r.in_idx.to(d), r.out_idx.to(d), r.k_idx.to(d), r.out_ptr.to(d),
-               r.k_ptr.to(d),  r.k_in.to(d),    r.k_out.to(d), r.gemm_map().to(d)};
+  return Views{r.in_idx().to(d), r.out_idx().to(d), r.k_idx().to(d), r.out_ptr().to(d),
+               r.k_ptr().to(d),  r.k_in().to(d),    r.k_out().to(d), r.gemm_map().to(d)};
 }
 
 // ---- data ----------------------------------------------------------------------------------

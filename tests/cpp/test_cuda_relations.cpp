@@ -123,21 +123,44 @@ void expect_same_array(const Array& cpu, const Array& gpu, const std::string& wh
   }
 }
 
-void expect_same_relation(const Relation& cpu, const Relation& gpu, const std::string& what) {
+// Every view, built on request on each device (lattice/tensor/relation.h "Views"). A fresh pair
+// first shows the same views and known count right after the build (the map alone, plus the count
+// where the geometry fixes it). `grouping_first`: the device relation is first asked for its
+// per-offset grouping, which finds an unknown count itself (one k_ptr read-back that also gives
+// host_k_ptr) instead of counting the map (device_count_edges).
+void expect_same_relation(const Relation& cpu, const Relation& gpu, const std::string& what,
+                          bool fresh = false, bool grouping_first = false) {
+  if (fresh) {
+    EXPECT_EQ(gpu.built_views(), cpu.built_views()) << what << " views at build";
+    EXPECT_EQ(gpu.known_edges(), cpu.known_edges()) << what << " count at build";
+    EXPECT_EQ(gpu.view_bytes(), cpu.view_bytes()) << what << " bytes at build";
+  }
+  if (grouping_first) {
+    expect_same_array(cpu.k_ptr(), gpu.k_ptr(), what + " k_ptr (first)");
+    EXPECT_EQ(gpu.known_edges(), cpu.n_edges()) << what << " count from the grouping";
+    EXPECT_EQ(gpu.host_k_ptr(), cpu.host_k_ptr()) << what << " host_k_ptr";
+  }
   EXPECT_EQ(gpu.kind, cpu.kind) << what;
   EXPECT_EQ(gpu.spec, cpu.spec) << what;
   EXPECT_EQ(gpu.n_in, cpu.n_in) << what;
   EXPECT_EQ(gpu.n_out, cpu.n_out) << what;
   EXPECT_EQ(gpu.kernel_volume, cpu.kernel_volume) << what;
-  EXPECT_EQ(gpu.n_edges, cpu.n_edges) << what;
+  EXPECT_EQ(gpu.n_edges(), cpu.n_edges()) << what;
+  EXPECT_EQ(gpu.host_k_ptr(), cpu.host_k_ptr()) << what << " host_k_ptr";
+  expect_same_array(cpu.input_gemm_map(), gpu.input_gemm_map(), what + " input_gemm_map");
+  ASSERT_EQ(gpu.gemm_order().defined(), cpu.gemm_order().defined()) << what;
+  if (cpu.gemm_order().defined()) expect_same_array(cpu.gemm_order(), gpu.gemm_order(), what + " gemm_order");
+  ASSERT_EQ(gpu.input_gemm_order().defined(), cpu.input_gemm_order().defined()) << what;
+  if (cpu.input_gemm_order().defined())
+    expect_same_array(cpu.input_gemm_order(), gpu.input_gemm_order(), what + " input_gemm_order");
   EXPECT_EQ(gpu.identity, cpu.identity) << what;
-  expect_same_array(cpu.in_idx, gpu.in_idx, what + " in_idx");
-  expect_same_array(cpu.out_idx, gpu.out_idx, what + " out_idx");
-  expect_same_array(cpu.k_idx, gpu.k_idx, what + " k_idx");
-  expect_same_array(cpu.out_ptr, gpu.out_ptr, what + " out_ptr");
-  expect_same_array(cpu.k_ptr, gpu.k_ptr, what + " k_ptr");
-  expect_same_array(cpu.k_in, gpu.k_in, what + " k_in");
-  expect_same_array(cpu.k_out, gpu.k_out, what + " k_out");
+  expect_same_array(cpu.in_idx(), gpu.in_idx(), what + " in_idx");
+  expect_same_array(cpu.out_idx(), gpu.out_idx(), what + " out_idx");
+  expect_same_array(cpu.k_idx(), gpu.k_idx(), what + " k_idx");
+  expect_same_array(cpu.out_ptr(), gpu.out_ptr(), what + " out_ptr");
+  expect_same_array(cpu.k_ptr(), gpu.k_ptr(), what + " k_ptr");
+  expect_same_array(cpu.k_in(), gpu.k_in(), what + " k_in");
+  expect_same_array(cpu.k_out(), gpu.k_out(), what + " k_out");
   expect_same_array(cpu.gemm_map(), gpu.gemm_map(), what + " gemm_map");
   expect_same_array(cpu.row_masks(), gpu.row_masks(), what + " row_masks");
   const Relation::InputGrouping& ci = cpu.input_grouping();
@@ -178,7 +201,7 @@ void check_case(const Case& c, const std::vector<Row>& rows, std::int32_t batche
   }
   const auto cpu = cpu_in->relation(c.kind, c.spec, cpu_target, "test");
   const auto gpu = gpu_in->relation(c.kind, c.spec, gpu_target, "test");
-  expect_same_relation(*cpu.relation, *gpu.relation, c.name);
+  expect_same_relation(*cpu.relation, *gpu.relation, c.name, true);
 
   // The output support: the same object kind (input / target / generated) with equal contents.
   ASSERT_TRUE(gpu.output);
@@ -197,7 +220,7 @@ void check_case(const Case& c, const std::vector<Row>& rows, std::int32_t batche
   // Deterministic: a fresh set from the same rows builds bitwise the same relation.
   auto gpu_in2 = make_set(rows, kGpu, c.input_stride, counts);
   const auto gpu2 = gpu_in2->relation(c.kind, c.spec, gpu_target, "test");
-  expect_same_relation(*cpu.relation, *gpu2.relation, c.name + " (rebuilt)");
+  expect_same_relation(*cpu.relation, *gpu2.relation, c.name + " (rebuilt)", false, true);
 }
 
 // Every relation kind on one cloud (input at stride 1, transposed kinds at stride 2). With

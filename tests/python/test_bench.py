@@ -152,6 +152,33 @@ def test_large_case_checks_sampled_rows_and_records_peak_memory() -> None:
     assert "large/subm3/surface_10m/C8" in {c.name for c in cases.build_cases(cases.Selection(preset="full"))}
 
 
+def test_large_cube_case_checks_rows_edges_and_records_view_bytes() -> None:
+    """The issue-18 dense-cube case (512^3 in the GPU preset) at a CI size on CPU: sampled rows
+    against the float64 index-arithmetic evaluation, the exact edge count (3 side - 2)^3, and the
+    relation's view bytes per edge after the forward (the CPU route's map + out_ptr + per-offset
+    grouping: under 16 bytes per edge on a dense cube, no edge list built)."""
+    ctx = cases.Context(device="cpu", dtype=__import__("torch").float32, repeats=1)
+    r = cases.large_cube_case(24, 4).run(ctx)
+    assert r["correct"] and r["pairs"] == 70 ** 3 and r["max_rel_err"] <= r["tolerance"]
+    assert "edge_list" not in r["forward_views"] and 0 < r["forward_bytes_per_edge"] <= 16
+    assert "large/subm3/cube512/C8" in {c.name for c in cases.build_cases(cases.Selection(preset="gpu", device="cuda"))}
+
+
+def test_large_cube_case_fails_on_a_wrong_convolution(monkeypatch) -> None:
+    """The cube check can fail: a conv that drops one corner offset is caught."""
+    real = cases.ops.subm_conv3d
+
+    def wrong(x, w, *a, **k):
+        w = w.clone()
+        w[:, 0, 0, 0, :] = 0
+        return real(x, w, *a, **k)
+
+    monkeypatch.setattr(cases.ops, "subm_conv3d", wrong)
+    ctx = cases.Context(device="cpu", dtype=__import__("torch").float32, repeats=1)
+    with pytest.raises(AssertionError, match="sampled rows differ"):
+        cases.large_cube_case(12, 4).run(ctx)
+
+
 def test_large_case_fails_on_a_wrong_convolution(monkeypatch) -> None:
     """The check can fail: a conv that drops the centre offset's contribution is caught."""
     real = cases.ops.subm_conv3d

@@ -411,3 +411,52 @@ def test_relation_cache_target_with_equal_values_but_other_identity_builds_a_new
     p2 = make_plan("conv3d", x, _weight(3), coordinates=t2)
     assert p2.relation is not r1 and p2.output.key == t2.key and p1.output.key == t1.key
     np.testing.assert_array_equal(relation_arrays(p1)["in_idx"], relation_arrays(p2)["in_idx"])
+
+
+# ---- lazy views (include/lattice/tensor/relation.h "Views") ---------------------------------
+
+def _subm3_plan(seed: int = 4, n: int = 3000):
+    coords = random_coords(np.random.default_rng(seed), n, batches=2, extent=12)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.randn(coords.shape[0], 8, dtype=torch.float64))
+    w = torch.randn(8, 3, 3, 3, 8, dtype=torch.float64) * 0.1
+    return coords, x, w, make_plan("subm_conv3d", x, w)
+
+
+def test_fresh_subm3_relation_holds_its_gemm_map_alone():
+    """What an implicit-GEMM forward reads (the gemm map) is all a fresh submanifold relation
+    holds: no edge list, no grouping, no edge count (whose device read-back the forward never
+    needs), 4 * K bytes per output row; the count and each view are built when first asked for
+    and equal the oracle's."""
+    coords, x, _, p = _subm3_plan()
+    rel = p.relation
+    assert rel.built_views() == ["gemm_map"]
+    assert rel.known_edges is None
+    n = int(rel.n_out)
+    assert rel.view_bytes == n * 27 * 4
+    rel.gemm_map()
+    assert rel.built_views() == ["gemm_map"]  # reading the map builds nothing
+    edges = int(rel.n_edges)  # counted now
+    assert rel.known_edges == edges and "edge_count" in rel.built_views()
+    assert "edge_list" not in rel.built_views()
+    _assert_relation_equals_oracle(relation_arrays(p), oracle.subm_relation(coords, 3), coords.shape[0])
+
+
+@pytest.mark.parametrize("route, views", [
+    ("gather_gemm_scatter", ["gemm_map", "out_ptr", "offset_grouping", "edge_count"]),
+    ("reference", ["gemm_map", "edge_list", "out_ptr", "edge_count"]),
+])
+def test_conv_forward_builds_only_the_views_its_route_reads(route, views):
+    """A CPU conv forward builds exactly the relation views its route declares
+    (conv_relation_reads): gather_gemm_scatter never builds the output-major edge list (12 bytes
+    per edge), the reference never builds the per-offset grouping. The result equals the float64
+    oracle over the oracle's own edges."""
+    coords, x, w, p = _subm3_plan(seed=6)
+    admitted = [r["route"] for r in lattice.explain("subm_conv3d", x, w).rows if r["admitted"]]
+    if route not in admitted:
+        pytest.skip(f"{route} is not admitted in this build")
+    y = lattice.ops.subm_conv3d(x, w, route=route)
+    assert sorted(p.relation.built_views()) == sorted(views)
+    ref_rel = oracle.subm_relation(coords, 3)
+    ref = oracle.conv_forward(x.feats.numpy(), oracle.weight_to_kcc(w.numpy()), ref_rel.in_idx, ref_rel.out_idx,
+                              ref_rel.k_idx, ref_rel.n_out)
+    np.testing.assert_allclose(y.feats.numpy(), ref, rtol=1e-12, atol=1e-12)

@@ -1,6 +1,6 @@
-// Relations (SEMANTICS.md "Relations"): who sends to whom, as an edge list plus the views the
-// kernels need. All arrays live on the device of the input coordinates (built there, bitwise
-// equal to the CPU build). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
+// Relations (SEMANTICS.md "Relations"): who sends to whom, as a map plus the views the kernels
+// need, built on demand. All arrays live on the device of the input coordinates (built there,
+// bitwise equal to the CPU build). Edge indices are int32 (rows < 2^31); pointers into edge lists are int64.
 #pragma once
 
 #include <atomic>
@@ -18,6 +18,12 @@ namespace lattice {
 
 class CoordinateSet;
 
+// Views. A relation stores what its builder produces, the (n_out, K) gemm map (and, for a
+// transpose, its forward's maps); every other view is derived from the map on first use, once
+// (std::call_once), by the relation route on the relation's device, deterministically and bitwise
+// equal on CPU and CUDA. A conv route reads only the views its pass needs
+// (conv_relation_reads, lattice/route/problem.h), so a forward with implicit GEMM on CUDA builds
+// no edge list, no grouping and never counts the edges (no read-back).
 class Relation {
  public:
   RelationKind kind = RelationKind::submanifold;
@@ -25,21 +31,30 @@ class Relation {
   std::int64_t n_in = 0;
   std::int64_t n_out = 0;
   std::int64_t kernel_volume = 1;
-  std::int64_t n_edges = 0;
   bool identity = false;  // edges are exactly (i, i, 0) for every row
   // Built as the transpose of a cached forward / target relation between the same two coordinate
-  // sets (transpose_relation: its edges transposed, nothing hashed); explain() says so.
+  // sets (transpose_relation: its forward's maps swapped, nothing hashed); explain() says so.
   bool transposed = false;
 
-  // Output-major edge list sorted by (out, k): int32 (E) each.
-  Array in_idx, out_idx, k_idx;
-  // CSR over it: int64 (n_out + 1).
-  Array out_ptr;
-  // Per-offset grouping sorted by (k, out): int64 (K + 1) and int32 (E) each.
-  Array k_ptr, k_in, k_out;
+  // The edge count: known from the geometry (relation.cpp edge_hints), from the relation this
+  // one transposes, or counted on first use (one device read-back on CUDA).
+  std::int64_t n_edges() const;
+  // The count when known without counting, else -1.
+  std::int64_t known_edges() const { return n_edges_.load(std::memory_order_acquire); }
 
-  // The N_out x K implicit-GEMM map: int32 (n_out, K), input row or -1. Built on first use.
-  const Array& gemm_map() const;
+  // Output-major edge list sorted by (out, k): int32 (E) each. Built on first use (together).
+  const Array& in_idx() const { return edge_list().in_idx; }
+  const Array& out_idx() const { return edge_list().out_idx; }
+  const Array& k_idx() const { return edge_list().k_idx; }
+  // CSR over it: int64 (n_out + 1). Built on first use (no count needed).
+  const Array& out_ptr() const;
+  // Per-offset grouping sorted by (k, out): int64 (K + 1) and int32 (E) each. Built on first use.
+  const Array& k_ptr() const { return offset_grouping().k_ptr; }
+  const Array& k_in() const { return offset_grouping().k_in; }
+  const Array& k_out() const { return offset_grouping().k_out; }
+
+  // The N_out x K implicit-GEMM map: int32 (n_out, K), input row or -1. Stored by the build.
+  const Array& gemm_map() const { return gemm_map_; }
   // Row masks: int64 words holding uint64 bit patterns, (n_out, ceil(K / 64)); bit k of row o is
   // set iff offset k has an edge.
   // Built on first use.
@@ -53,8 +68,8 @@ class Relation {
   };
   const InputGrouping& input_grouping() const;
   // The input-side (n_in, K) map: output row reached from input i through offset k, or -1 (what
-  // the input-gradient pass of implicit GEMM reads). Built on first use on the relation's device;
-  // a transposed relation and the relation it transposes share their two maps.
+  // the input-gradient pass of implicit GEMM reads). Built on first use on the relation's device
+  // (from gemm_map alone); a transposed relation and the relation it transposes share their two maps.
   const Array& input_gemm_map() const;
   // The order implicit-GEMM tiles take the rows of gemm_map() / input_gemm_map() in: int32 (n_out)
   // / (n_in), the rows stably sorted by their offset mask, so that a tile's rows share offsets and
@@ -67,18 +82,53 @@ class Relation {
   // routes that loop over offsets on the host read this instead of synchronising every call.
   const std::vector<std::int64_t>& host_k_ptr() const;
 
+  // Counts the edges (see n_edges()).
   double average_active_offsets() const {
-    return n_out ? static_cast<double>(n_edges) / static_cast<double>(n_out) : 0.0;
+    return n_out ? static_cast<double>(n_edges()) / static_cast<double>(n_out) : 0.0;
   }
 
+  // Which views exist now (bits of View), and the bytes they hold on the relation's device
+  // (every view above, the stored map included; host_k_ptr is host memory and not counted).
+  enum View : unsigned {
+    kGemmMap = 1u << 0,
+    kEdgeList = 1u << 1,  // in_idx, out_idx, k_idx
+    kOutPtr = 1u << 2,
+    kOffsetGrouping = 1u << 3,  // k_ptr, k_in, k_out
+    kRowMasks = 1u << 4,
+    kInputGrouping = 1u << 5,  // in_ptr, kt_in, kt_out
+    kInputGemmMap = 1u << 6,
+    kGemmOrder = 1u << 7,
+    kInputGemmOrder = 1u << 8,
+    kEdgeCount = 1u << 9,  // n_edges known (no storage)
+  };
+  unsigned built_views() const;
+  std::int64_t view_bytes() const;
+  Device device() const { return gemm_map_.device(); }
+
  private:
-  friend struct RelationBuilder;  // relation.cpp: stores the gemm map it computes while building
-  mutable std::once_flag gemm_once_, masks_once_, input_once_, host_k_ptr_once_, input_map_once_,
-      order_once_, input_order_once_;
+  struct EdgeList {
+    Array in_idx, out_idx, k_idx;
+  };
+  struct OffsetGrouping {
+    Array k_ptr, k_in, k_out;
+  };
+  const EdgeList& edge_list() const;
+  const OffsetGrouping& offset_grouping() const;
+  void mark(View v) const { built_.fetch_or(v, std::memory_order_acq_rel); }
+
+  friend struct RelationBuilder;  // relation.cpp: stores the map and what the build knows
+  mutable std::once_flag count_once_, edge_list_once_, out_ptr_once_, grouping_once_, masks_once_, input_once_,
+      host_k_ptr_once_, input_map_once_, order_once_, input_order_once_;
+  mutable std::atomic<std::int64_t> n_edges_{-1};
+  mutable std::atomic<unsigned> built_{0};
+  Array gemm_map_;
+  mutable EdgeList edge_list_;
+  mutable Array out_ptr_;
+  mutable OffsetGrouping grouping_;
   mutable Array input_gemm_map_, gemm_order_, input_gemm_order_;
   mutable std::vector<std::int64_t> host_k_ptr_;
   mutable std::atomic<bool> host_k_ptr_ready_{false};
-  mutable Array gemm_map_, row_masks_;
+  mutable Array row_masks_;
   mutable InputGrouping input_grouping_;
 };
 

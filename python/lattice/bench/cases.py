@@ -318,6 +318,14 @@ def relation_case(tag: str, workload: str, channels: int = 32) -> Case:
         res: dict[str, Any] = {"op": geom.op, "kernel_size": geom.kernel, "stride": geom.stride, **_relation_fields(p)}
         res["route"] = lattice.explain(geom.op, x, s.weight, **s.kwargs(tgt)).chosen
         res["route_note"] = f"forward route of the C{channels} conv consuming this relation"
+        # Device memory of the relation after one forward on a fresh tensor: its stored map plus the
+        # views that forward's route reads (Relation.view_bytes; every other view is built on demand).
+        xf, tf = s.fresh()
+        s.call(xf, tf)
+        rf = s.plan(xf, tf).relation
+        res["forward_views"] = rf.built_views()
+        res["forward_view_bytes"] = int(rf.view_bytes)
+        res["forward_bytes_per_edge"] = res["forward_view_bytes"] / res["pairs"] if res["pairs"] else 0.0
 
         def index(a: tuple) -> Any:
             xi, ti = a
@@ -840,6 +848,81 @@ def large_case(n_points: int, channels: int = 8, voxel: float = 0.1) -> Case:
     return Case(name, "large", run, "surface")
 
 
+def large_cube_case(side: int, channels: int = 8) -> Case:
+    """A dense ``side``^3 cube (the GPU preset: 512^3 = 134M rows, 3.6e9 subm3 edges, past 2^31)
+    through one subm3 convolution at ``channels``, coordinates and features made on the device.
+    Checks 4096 sampled output rows against a float64 evaluation by index arithmetic (row r is
+    (x * side + y) * side + z; its neighbours need no hash), checks the edge count against
+    (3 side - 2)^3, and records the relation's view bytes per edge right after the forward
+    (``forward_bytes_per_edge``: the stored map plus what the route read; issue 18 asks <= 16 for
+    the implicit-GEMM forward), the process's peak RSS and, on CUDA, torch's allocator peak and
+    lattice's live bytes."""
+    name = f"large/subm3/cube{side}/C{channels}"
+
+    def run(ctx: Context) -> dict:
+        dev = torch.device(ctx.device)
+        rss0 = _peak_rss_bytes()
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        g = torch.arange(side, dtype=torch.int32, device=dev)
+        n = side ** 3
+        coords = torch.zeros(n, 4, dtype=torch.int32, device=dev)
+        coords[:, 1] = g.repeat_interleave(side * side)
+        coords[:, 2] = g.repeat_interleave(side).repeat(side)
+        coords[:, 3] = g.repeat(side * side)
+        gen = torch.Generator(device=dev).manual_seed(ctx.seed * 1_000_003 + 1)
+        feats = torch.randn(n, channels, generator=gen, device=dev).to(ctx.dtype)
+        w = (torch.randn(channels, 3, 3, 3, channels, generator=ctx.generator(2)) / 27 ** 0.5).to(ctx.dtype)
+        wd = w.to(dev)
+        x = lattice.SparseTensor(coords, feats)
+        with torch.no_grad():
+            y = ops.subm_conv3d(x, wd).feats
+            rel = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, wd).relation
+            views, view_bytes = rel.built_views(), int(rel.view_bytes)
+            timing = ctx.time(lambda _: ops.subm_conv3d(x, wd), repeats=3)
+        n_edges = int(rel.n_edges)
+        want_edges = (3 * side - 2) ** 3
+        rows = torch.from_numpy(np.random.default_rng(ctx.seed + 9).choice(n, size=min(4096, n), replace=False))
+        xi, yi, zi = rows // (side * side), (rows // side) % side, rows % side
+        want = torch.zeros(len(rows), channels, dtype=torch.float64)
+        w64 = w.double().permute(1, 2, 3, 4, 0).reshape(27, channels, channels)
+        k = 0
+        for dx in (-1, 0, 1):
+            for dy in (-1, 0, 1):
+                for dz in (-1, 0, 1):  # kernel rows x-major, z fastest
+                    ax, ay, az = xi + dx, yi + dy, zi + dz
+                    ok = (ax >= 0) & (ax < side) & (ay >= 0) & (ay < side) & (az >= 0) & (az < side)
+                    nb = (ax * side + ay) * side + az
+                    src = feats[nb[ok].to(dev)].double().cpu()
+                    want[ok] += src @ w64[k]
+                    k += 1
+        got = y[rows.to(dev)].double().cpu()
+        err = float((got - want).abs().max() / max(float(want.abs().max()), 1e-30))
+        tol = {"float32": 1e-5, "float64": 1e-12}.get(ctx.dtype_name, 1e-2)
+        res: dict[str, Any] = {
+            "op": "subm_conv3d", "side": side, "n_in": n, "n_out": n, "pairs": n_edges,
+            "avg_offsets": n_edges / max(n, 1), "channels": channels,
+            "route": lattice.explain("subm_conv3d", x, wd).chosen,
+            "timings": {"hot": timing},
+            "checked_rows": len(rows), "max_rel_err": err, "tolerance": tol,
+            "correct": err <= tol and n_edges == want_edges,
+            "forward_views": views, "forward_view_bytes": view_bytes,
+            "forward_bytes_per_edge": view_bytes / max(n_edges, 1),
+            "peak_rss_bytes": _peak_rss_bytes(), "peak_rss_bytes_before": rss0,
+        }
+        if dev.type == "cuda":
+            res["cuda_torch_peak_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+            res["cuda_lattice_live_bytes"] = int(lattice.cuda.memory_stats()["live_bytes"])
+        res["rates"] = {}
+        if n_edges != want_edges:
+            raise AssertionError(f"{name}: {n_edges} edges, expected (3 side - 2)^3 = {want_edges}")
+        if err > tol:
+            raise AssertionError(f"{name}: sampled rows differ from the float64 evaluation: {err} > {tol}")
+        return res
+
+    return Case(name, "large", run, "cube")
+
+
 CONV_TAGS = ("subm3", "k2s2", "k3s2", "tr_k2s2", "gen_k2s2", "pw")
 
 
@@ -911,6 +994,7 @@ def _preset_specs(sel: Selection) -> list[tuple]:
             specs.append(("conv", "subm3", wl, c))
         specs.append(("conv", "k2s2", wl, 64))
         specs.append(("network", wl, 1))
+        specs.append(("large_cube", 512, 8))  # issue 18: 134M rows, 3.6e9 edges; bytes per edge, peak memory
     elif sel.preset == "full":
         chans = (32, 64, 128) if cuda else (32, 64)
         for wl in workloads.ANCHOR_WORKLOADS:
@@ -980,6 +1064,9 @@ def build_cases(sel: Selection) -> list[Case]:
             cases.setdefault(cs.name, cs)
         elif kind == "large":
             cs = large_case(spec[1], spec[2])
+            cases.setdefault(cs.name, cs)
+        elif kind == "large_cube":
+            cs = large_cube_case(spec[1], spec[2])
             cases.setdefault(cs.name, cs)
     out = list(cases.values())
     if sel.case_filter:

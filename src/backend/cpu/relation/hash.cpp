@@ -7,8 +7,9 @@
 // slots hold the key beside its row (geometry::HostCoordSlot) and the table is kept at most half
 // full, so every probe sequence reaches an empty slot. Supports (SEMANTICS.md "Relations"):
 // unique candidates in first-occurrence order, input row major, then kernel row. Edges: the
-// (n_out, K) map by the gather rule c_i = o*s + off_k - p or the scatter rule o = c_i*s + off_k - p,
-// compacted into the output-major list and grouped per offset by a stable counting sort.
+// (n_out, K) map by the gather rule c_i = o*s + off_k - p or the scatter rule o = c_i*s + off_k - p
+// (the relation's stored view); on request, compacted into the output-major list and grouped per
+// offset by a stable counting sort.
 #include <omp.h>
 
 #include <algorithm>
@@ -116,101 +117,19 @@ bool in_range(DeviceSupportResult& r, std::int64_t v, std::int64_t i) {
   return false;
 }
 
-// The output-major list (sorted by (o, k)) and its CSR pointers from the map.
-void fill_output_major(DeviceEdges& r, const Array& map, std::int64_t n_out, std::int64_t K) {
+std::int64_t count_row(const std::int32_t* row, std::int64_t K) {
+  std::int64_t count = 0;
+  for (std::int64_t k = 0; k < K; ++k) count += row[k] >= 0;
+  return count;
+}
+
+// K == 1 onto as many rows as the input has, and every row reaching itself.
+bool is_identity(const Array& map, std::int64_t n_in) {
+  const std::int64_t n_out = map.dim(0);
+  if (map.dim(1) != 1 || n_in != n_out) return false;
   const std::int32_t* m = map.data<std::int32_t>();
-  r.out_ptr = Array::empty({n_out + 1}, Dtype::i64);
-  std::int64_t* ptr = r.out_ptr.data<std::int64_t>();
-  ptr[0] = 0;
-#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
   for (std::int64_t o = 0; o < n_out; ++o) {
-    std::int64_t count = 0;
-    for (std::int64_t k = 0; k < K; ++k) count += m[o * K + k] >= 0;
-    ptr[o + 1] = count;
-  }
-  for (std::int64_t o = 0; o < n_out; ++o) ptr[o + 1] += ptr[o];
-  const std::int64_t E = ptr[n_out];
-  r.n_edges = E;
-
-  r.in_idx = Array::empty({E}, Dtype::i32);
-  r.out_idx = Array::empty({E}, Dtype::i32);
-  r.k_idx = Array::empty({E}, Dtype::i32);
-  std::int32_t* in_idx = r.in_idx.data<std::int32_t>();
-  std::int32_t* out_idx = r.out_idx.data<std::int32_t>();
-  std::int32_t* k_idx = r.k_idx.data<std::int32_t>();
-#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
-  for (std::int64_t o = 0; o < n_out; ++o) {
-    std::int64_t e = ptr[o];
-    for (std::int64_t k = 0; k < K; ++k) {
-      const std::int32_t i = m[o * K + k];
-      if (i < 0) continue;
-      in_idx[e] = i;
-      out_idx[e] = static_cast<std::int32_t>(o);
-      k_idx[e] = static_cast<std::int32_t>(k);
-      ++e;
-    }
-  }
-}
-
-// Stable counting sort of the output-major list by k: within one k, edges stay ordered by o.
-// Parallel over fixed chunks of outputs; the result does not depend on the chunking.
-void fill_per_offset(DeviceEdges& r, std::int64_t n_out, std::int64_t K) {
-  const std::int64_t E = r.n_edges;
-  const std::int64_t* ptr = r.out_ptr.data<std::int64_t>();
-  const std::int32_t* in_idx = r.in_idx.data<std::int32_t>();
-  const std::int32_t* out_idx = r.out_idx.data<std::int32_t>();
-  const std::int32_t* k_idx = r.k_idx.data<std::int32_t>();
-
-  const std::int64_t chunks =
-      n_out * K < kMinParallelPairs
-          ? 1
-          : std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads(), n_out));
-  auto chunk_edges = [&](std::int64_t c) {
-    return std::pair{ptr[n_out * c / chunks], ptr[n_out * (c + 1) / chunks]};
-  };
-  // cursor[c * K + k]: edges of offset k in chunk c, then the position of the chunk's first one.
-  std::vector<std::int64_t> cursor(static_cast<std::size_t>(chunks * K), 0);
-#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    auto [begin, end] = chunk_edges(c);
-    for (std::int64_t e = begin; e < end; ++e) ++cursor[c * K + k_idx[e]];
-  }
-
-  r.k_ptr = Array::empty({K + 1}, Dtype::i64);
-  std::int64_t* k_ptr = r.k_ptr.data<std::int64_t>();
-  std::int64_t running = 0;
-  for (std::int64_t k = 0; k < K; ++k) {
-    k_ptr[k] = running;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t count = cursor[c * K + k];
-      cursor[c * K + k] = running;
-      running += count;
-    }
-  }
-  k_ptr[K] = running;
-  LATTICE_ASSERT(running == E, "per-offset grouping lost edges");
-
-  r.k_in = Array::empty({E}, Dtype::i32);
-  r.k_out = Array::empty({E}, Dtype::i32);
-  std::int32_t* k_in = r.k_in.data<std::int32_t>();
-  std::int32_t* k_out = r.k_out.data<std::int32_t>();
-#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    auto [begin, end] = chunk_edges(c);
-    for (std::int64_t e = begin; e < end; ++e) {
-      const std::int64_t pos = cursor[c * K + k_idx[e]]++;
-      k_in[pos] = in_idx[e];
-      k_out[pos] = out_idx[e];
-    }
-  }
-}
-
-bool is_identity(const DeviceEdges& r, std::int64_t n_in, std::int64_t n_out, std::int64_t K) {
-  if (K != 1 || n_in != n_out || r.n_edges != n_in) return false;
-  const std::int32_t* in_idx = r.in_idx.data<std::int32_t>();
-  const std::int32_t* out_idx = r.out_idx.data<std::int32_t>();
-  for (std::int64_t e = 0; e < r.n_edges; ++e) {
-    if (in_idx[e] != out_idx[e]) return false;
+    if (m[o] != o) return false;
   }
   return true;
 }
@@ -412,6 +331,8 @@ DeviceSupportResult relation_cpu_hash_support(const DeviceSupportArgs& args) {
   return result;
 }
 
+std::int64_t relation_cpu_hash_count_edges(const Array& map);
+
 DeviceEdges relation_cpu_hash_edges(const DeviceEdgeArgs& args) {
   LATTICE_ASSERT(args.input_table != nullptr, "relation_cpu_hash_edges needs the input's index");
   const std::int64_t K = args.kernel_volume;
@@ -458,16 +379,129 @@ DeviceEdges relation_cpu_hash_edges(const DeviceEdgeArgs& args) {
     }
   }
   }
-  fill_output_major(edges, map, n_out, K);
-  fill_per_offset(edges, n_out, K);
-  edges.identity = is_identity(edges, args.input.dim(0), n_out, K);
-  // The caller's geometric hints (which a device route trusts instead of reading counts back)
-  // must agree with what was found: every CPU build checks them.
-  LATTICE_ASSERT(args.known_edges < 0 || args.known_edges == edges.n_edges,
-                 "relation edge-count hint disagrees with the edges found");
+  // The map is the relation's one stored view (lattice/tensor/relation.h "Views"): the edge
+  // count is the caller's hint (-1: counted on first use), as on a device. The caller's geometric
+  // hints (which a device route trusts instead of reading counts back) must agree with what was
+  // found: every CPU build checks them.
+  edges.identity = is_identity(map, args.input.dim(0));
+  edges.n_edges = edges.identity ? n_out : args.known_edges;  // the identity has one edge per row
+  if (args.known_edges >= 0) {
+    LATTICE_ASSERT(args.known_edges == relation_cpu_hash_count_edges(map),
+                   "relation edge-count hint disagrees with the edges found");
+  }
   LATTICE_ASSERT(!args.known_identity || edges.identity, "relation identity hint disagrees with the edges found");
   edges.map = std::move(map);
   return edges;
+}
+
+std::int64_t relation_cpu_hash_count_edges(const Array& map) {
+  const std::int64_t n = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  const std::int32_t* m = map.data<std::int32_t>();
+  std::int64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) num_threads(num_threads()) if (n * K >= kMinParallelPairs)
+  for (std::int64_t o = 0; o < n; ++o) total += count_row(m + o * K, K);
+  return total;
+}
+
+Array relation_cpu_hash_row_ptr(const Array& map) {
+  const std::int64_t n = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  const std::int32_t* m = map.data<std::int32_t>();
+  Array out = Array::empty({n + 1}, Dtype::i64);
+  std::int64_t* ptr = out.data<std::int64_t>();
+  ptr[0] = 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n * K >= kMinParallelPairs)
+  for (std::int64_t o = 0; o < n; ++o) ptr[o + 1] = count_row(m + o * K, K);
+  for (std::int64_t o = 0; o < n; ++o) ptr[o + 1] += ptr[o];
+  return out;
+}
+
+// The output-major list (sorted by (o, k)) from the map and its row CSR.
+DeviceEdgeList relation_cpu_hash_edge_list(const Array& map, const Array& row_ptr, std::int64_t n_edges) {
+  const std::int64_t n_out = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  const std::int32_t* m = map.data<std::int32_t>();
+  const std::int64_t* ptr = row_ptr.data<std::int64_t>();
+  LATTICE_ASSERT(ptr[n_out] == n_edges, "edge list: row pointer and edge count disagree");
+  DeviceEdgeList r;
+  r.in_idx = Array::empty({n_edges}, Dtype::i32);
+  r.out_idx = Array::empty({n_edges}, Dtype::i32);
+  r.k_idx = Array::empty({n_edges}, Dtype::i32);
+  std::int32_t* in_idx = r.in_idx.data<std::int32_t>();
+  std::int32_t* out_idx = r.out_idx.data<std::int32_t>();
+  std::int32_t* k_idx = r.k_idx.data<std::int32_t>();
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
+  for (std::int64_t o = 0; o < n_out; ++o) {
+    std::int64_t e = ptr[o];
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int32_t i = m[o * K + k];
+      if (i < 0) continue;
+      in_idx[e] = i;
+      out_idx[e] = static_cast<std::int32_t>(o);
+      k_idx[e] = static_cast<std::int32_t>(k);
+      ++e;
+    }
+  }
+  return r;
+}
+
+// The per-offset grouping sorted by (k, o), straight from the map: per fixed chunk of output rows
+// the edges of each offset are counted, the counts are laid out offset-major then chunk-major, and
+// each chunk writes its rows in ascending order. The result does not depend on the chunking.
+DeviceOffsetGrouping relation_cpu_hash_per_offset(const Array& map, std::int64_t n_edges) {
+  const std::int64_t n_out = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  const std::int32_t* m = map.data<std::int32_t>();
+  const std::int64_t chunks =
+      n_out * K < kMinParallelPairs ? 1 : std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads(), n_out));
+  auto rows_of_chunk = [&](std::int64_t c) { return std::pair{n_out * c / chunks, n_out * (c + 1) / chunks}; };
+  // cursor[c * K + k]: edges of offset k in chunk c, then the position of the chunk's first one.
+  std::vector<std::int64_t> cursor(static_cast<std::size_t>(chunks * K), 0);
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    auto [begin, end] = rows_of_chunk(c);
+    std::int64_t* cur = cursor.data() + c * K;
+    for (std::int64_t o = begin; o < end; ++o)
+      for (std::int64_t k = 0; k < K; ++k) cur[k] += m[o * K + k] >= 0;
+  }
+  DeviceOffsetGrouping r;
+  r.k_ptr = Array::empty({K + 1}, Dtype::i64);
+  std::int64_t* k_ptr = r.k_ptr.data<std::int64_t>();
+  std::int64_t running = 0;
+  for (std::int64_t k = 0; k < K; ++k) {
+    k_ptr[k] = running;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t count = cursor[c * K + k];
+      cursor[c * K + k] = running;
+      running += count;
+    }
+  }
+  k_ptr[K] = running;
+  if (n_edges < 0) {  // the count from the scan, returned with the bounds (as on a device)
+    n_edges = running;
+    r.host_k_ptr.assign(k_ptr, k_ptr + K + 1);
+  }
+  LATTICE_ASSERT(running == n_edges, "per-offset grouping: edge count disagrees with the map");
+  r.k_in = Array::empty({n_edges}, Dtype::i32);
+  r.k_out = Array::empty({n_edges}, Dtype::i32);
+  std::int32_t* k_in = r.k_in.data<std::int32_t>();
+  std::int32_t* k_out = r.k_out.data<std::int32_t>();
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    auto [begin, end] = rows_of_chunk(c);
+    std::int64_t* cur = cursor.data() + c * K;
+    for (std::int64_t o = begin; o < end; ++o) {
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int32_t i = m[o * K + k];
+        if (i < 0) continue;
+        const std::int64_t pos = cur[k]++;
+        k_in[pos] = i;
+        k_out[pos] = static_cast<std::int32_t>(o);
+      }
+    }
+  }
+  return r;
 }
 
 // Stored as int64 (the Array dtypes have no uint64); the words are uint64 bit patterns.
@@ -496,7 +530,7 @@ DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingAr
   g.kt_in = Array::empty({n_edges}, Dtype::i32);
   g.kt_out = Array::empty({n_edges}, Dtype::i32);
   std::int64_t* ptr = g.in_ptr.data<std::int64_t>();
-  const std::int32_t* in = args.in_idx.data<std::int32_t>();
+  const std::int32_t* in = args.k_in.data<std::int32_t>();  // every edge's input row, once
   for (std::int64_t e = 0; e < n_edges; ++e) ++ptr[in[e] + 1];
   for (std::int64_t i = 0; i < n_in; ++i) ptr[i + 1] += ptr[i];
   const std::int64_t* kp = args.k_ptr.data<std::int64_t>();
@@ -509,18 +543,23 @@ DeviceInputGrouping relation_cpu_hash_input_grouping(const DeviceInputGroupingAr
   return g;
 }
 
-// The transposed relation: scatter R's edges into the (R.n_in, K) map (every (input row, offset)
-// of R holds at most one edge, so the scatter has no conflicts), then the same compaction as
-// relation_cpu_hash_edges: bitwise equal to hashing the transposed rule directly.
-Array relation_cpu_hash_input_map(const DeviceTransposeArgs& args) {
-  const std::int64_t K = args.kernel_volume;
-  Array map = Array::empty({args.n_in, K}, Dtype::i32);
+// The input-side map: scatter the map's entries (every (input row, offset) holds at most one edge,
+// so the scatter has no conflicts). It is the transposed relation's map, bitwise equal to hashing
+// the transposed rule directly.
+Array relation_cpu_hash_input_map(const Array& fwd, std::int64_t n_in) {
+  const std::int64_t n_out = fwd.dim(0);
+  const std::int64_t K = fwd.dim(1);
+  Array map = Array::empty({n_in, K}, Dtype::i32);
   std::int32_t* m = map.data<std::int32_t>();
-  std::fill(m, m + args.n_in * K, -1);
-  const std::int32_t* in = args.in_idx.data<std::int32_t>();
-  const std::int32_t* out = args.out_idx.data<std::int32_t>();
-  const std::int32_t* k = args.k_idx.data<std::int32_t>();
-  for (std::int64_t e = 0; e < args.n_edges; ++e) m[static_cast<std::int64_t>(in[e]) * K + k[e]] = out[e];
+  std::fill(m, m + n_in * K, -1);
+  const std::int32_t* f = fwd.data<std::int32_t>();
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n_out * K >= kMinParallelPairs)
+  for (std::int64_t o = 0; o < n_out; ++o) {
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int32_t i = f[o * K + k];
+      if (i >= 0) m[std::int64_t{i} * K + k] = static_cast<std::int32_t>(o);
+    }
+  }
   return map;
 }
 
@@ -539,19 +578,6 @@ Array relation_cpu_hash_row_order(const Array& map) {
   return order;
 }
 
-DeviceEdges relation_cpu_hash_transpose(const DeviceTransposeArgs& args) {
-  const std::int64_t K = args.kernel_volume;
-  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
-  Array map = relation_cpu_hash_input_map(args);
-  DeviceEdges edges;
-  fill_output_major(edges, map, n_out, K);
-  LATTICE_ASSERT(edges.n_edges == args.n_edges, "transposed relation lost edges");
-  fill_per_offset(edges, n_out, K);
-  edges.identity = is_identity(edges, args.n_out, n_out, K);
-  edges.map = std::move(map);
-  return edges;
-}
-
 }  // namespace lattice::backend::cpu
 
 LATTICE_ROUTE_KERNELS(RelationKernels, relation_cpu_hash, {
@@ -560,8 +586,11 @@ LATTICE_ROUTE_KERNELS(RelationKernels, relation_cpu_hash, {
     .batch_histogram = cpu::relation_cpu_hash_batch_histogram,
     .support = cpu::relation_cpu_hash_support,
     .edges = cpu::relation_cpu_hash_edges,
+    .count_edges = cpu::relation_cpu_hash_count_edges,
+    .row_ptr = cpu::relation_cpu_hash_row_ptr,
+    .edge_list = cpu::relation_cpu_hash_edge_list,
+    .per_offset = cpu::relation_cpu_hash_per_offset,
     .row_masks = cpu::relation_cpu_hash_row_masks,
     .input_grouping = cpu::relation_cpu_hash_input_grouping,
-    .transpose = cpu::relation_cpu_hash_transpose,
     .input_map = cpu::relation_cpu_hash_input_map,
     .row_order = cpu::relation_cpu_hash_row_order});

@@ -13,7 +13,10 @@
 // per-offset grouping by compacting the map in k-major order, the input grouping by compacting
 // an (offset, input row) -> output row table in k-major order (within one offset every input
 // row occurs at most once). Integer atomics only count or take minima (order-independent).
+// A build stores the map alone; each other view is one entry point, run when the relation is
+// first asked for it (lattice/tensor/relation.h "Views"); only device_count_edges reads back.
 
+#include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
@@ -252,10 +255,22 @@ __global__ void per_offset_kernel(const std::int32_t* map, const std::int64_t* p
   }
 }
 
-__global__ void identity_mismatch_kernel(const std::int32_t* in_idx, const std::int32_t* out_idx, std::int64_t n,
-                                         int* mismatch) {
-  LATTICE_GRID_STRIDE(e, n) {
-    if (in_idx[e] != out_idx[e]) atomicOr(mismatch, 1);
+// K == 1 and n_in == n_out: the relation is the identity iff map[o] == o for every row.
+__global__ void identity_mismatch_kernel(const std::int32_t* map, std::int64_t n, int* mismatch) {
+  LATTICE_GRID_STRIDE(o, n) {
+    if (map[o] != o) atomicOr(mismatch, 1);
+  }
+}
+
+// map[o * K + k] = i  ->  inv[i * K + k] = o (no conflicts: each (input row, offset) holds at
+// most one edge).
+__global__ void input_map_kernel(const std::int32_t* map, std::int64_t n_out, std::int64_t K, std::int32_t* inv) {
+  LATTICE_GRID_STRIDE(t, n_out * K) {
+    const std::int32_t i = map[t];
+    if (i >= 0) {
+      const std::int64_t o = t / K;
+      inv[static_cast<std::int64_t>(i) * K + (t - o * K)] = static_cast<std::int32_t>(o);
+    }
   }
 }
 
@@ -280,12 +295,18 @@ __global__ void input_count_kernel(const std::int32_t* in_idx, std::int64_t n_ed
   LATTICE_GRID_STRIDE(e, n_edges) { atomicAdd(&counts[in_idx[e]], 1ULL); }
 }
 
-// inv[k * n_in + i] = the output row of edge (i, o, k); each (k, i) holds at most one edge.
-__global__ void inverse_table_kernel(const std::int32_t* in_idx, const std::int32_t* out_idx,
-                                     const std::int32_t* k_idx, std::int64_t n_edges, std::int64_t n_in,
+// inv[k * n_in + i] = the output row of edge (i, o, k), from the per-offset grouping (edge e's
+// offset is the k with k_ptr[k] <= e < k_ptr[k + 1]); each (k, i) holds at most one edge.
+__global__ void inverse_table_kernel(const std::int64_t* k_ptr, std::int64_t K, const std::int32_t* k_in,
+                                     const std::int32_t* k_out, std::int64_t n_edges, std::int64_t n_in,
                                      std::int32_t* inv) {
   LATTICE_GRID_STRIDE(e, n_edges) {
-    inv[static_cast<std::int64_t>(k_idx[e]) * n_in + in_idx[e]] = out_idx[e];
+    std::int64_t lo = 0, hi = K;  // the last k with k_ptr[k] <= e
+    while (hi - lo > 1) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (k_ptr[mid] <= e) lo = mid; else hi = mid;
+    }
+    inv[lo * n_in + k_in[e]] = k_out[e];
   }
 }
 
@@ -440,84 +461,6 @@ DeviceSupportResult device_support(const DeviceSupportArgs& args) {
   return result;
 }
 
-namespace {
-
-// Every view of DeviceEdges from the (n_out, K) map in r.map: the output-major list by a per-row
-// count scan, the per-offset grouping by compacting the map in k-major order. `known_edges` >= 0
-// skips reading the edge count back (the caller knows it); `known_identity` skips the identity
-// test and its read-back.
-void edges_from_map(DeviceEdges& r, std::int64_t n_in, std::int64_t n_out, std::int64_t K, Device device,
-                    std::int64_t known_edges, bool known_identity = false) {
-  cudaStream_t s = stream_of(device);
-  const std::int64_t pairs = n_out * K;
-  const std::int32_t* map = r.map.data<std::int32_t>();
-
-  // Output-major list and its CSR pointer.
-  Array counts = Array::empty({n_out}, Dtype::i64, device);
-  if (n_out > 0) {
-    row_count_kernel<<<grid_for(n_out), kThreads, 0, s>>>(map, n_out, K, counts.data<std::int64_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-  }
-  r.out_ptr = csr_from_counts(counts, n_out, device);
-  const std::int64_t E = known_edges >= 0 ? known_edges : read_i64(r.out_ptr.data<std::int64_t>() + n_out, device);
-  r.n_edges = E;
-  r.in_idx = Array::empty({E}, Dtype::i32, device);
-  r.out_idx = Array::empty({E}, Dtype::i32, device);
-  r.k_idx = Array::empty({E}, Dtype::i32, device);
-  r.k_in = Array::empty({E}, Dtype::i32, device);
-  r.k_out = Array::empty({E}, Dtype::i32, device);
-  if (E == 0) {
-    r.k_ptr = Array::zeros({K + 1}, Dtype::i64, device);
-  } else {
-    output_major_kernel<<<grid_for(n_out), kThreads, 0, s>>>(map, n_out, K, r.out_ptr.data<std::int64_t>(),
-                                                             r.in_idx.data<std::int32_t>(),
-                                                             r.out_idx.data<std::int32_t>(),
-                                                             r.k_idx.data<std::int32_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-
-    // Per-offset grouping: the map compacted in k-major order.
-    Array pos = Array::empty({pairs + 1}, Dtype::i64, device);
-    k_major_flags_kernel<<<grid_for(pairs + 1), kThreads, 0, s>>>(map, n_out, K, pos.data<std::int64_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-    exclusive_sum_inplace(pos.data<std::int64_t>(), pairs + 1, device);
-    r.k_ptr = Array::empty({K + 1}, Dtype::i64, device);
-    k_ptr_kernel<<<grid_for(K + 1), kThreads, 0, s>>>(pos.data<std::int64_t>(), n_out, K,
-                                                      r.k_ptr.data<std::int64_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-    per_offset_kernel<<<grid_for(pairs), kThreads, 0, s>>>(map, pos.data<std::int64_t>(), n_out, K,
-                                                           r.k_in.data<std::int32_t>(),
-                                                           r.k_out.data<std::int32_t>());
-    LATTICE_CUDA_CHECK_LAUNCH();
-  }
-
-  // identity: edges exactly (i, i, 0) for every row.
-  if (known_identity) {
-    r.identity = true;
-  } else if (K == 1 && n_in == n_out && E == n_in) {
-    if (E == 0) {
-      r.identity = true;
-    } else {
-      Array mismatch = Array::zeros({1}, Dtype::i32, device);
-      identity_mismatch_kernel<<<grid_for(E), kThreads, 0, s>>>(r.in_idx.data<std::int32_t>(),
-                                                                r.out_idx.data<std::int32_t>(), E,
-                                                                reinterpret_cast<int*>(mismatch.raw_data()));
-      LATTICE_CUDA_CHECK_LAUNCH();
-      int flag = 1;
-      copy_to_host(&flag, mismatch.raw_data(), sizeof flag, device);
-      r.identity = flag == 0;
-    }
-  }
-}
-
-// map[in[e] * K + k[e]] = out[e]: R's edges with input and output swapped (no conflicts: each
-// (input row, offset) of R holds at most one edge).
-__global__ void transpose_scatter_kernel(const std::int32_t* in, const std::int32_t* out, const std::int32_t* k,
-                                         std::int64_t n_edges, std::int64_t K, std::int32_t* map) {
-  LATTICE_GRID_STRIDE(e, n_edges) { map[static_cast<std::int64_t>(in[e]) * K + k[e]] = out[e]; }
-}
-
-}  // namespace
-
 DeviceEdges device_edges(const DeviceEdgeArgs& args) {
   const Device device = args.output.device();
   DeviceGuard guard(device.index);
@@ -527,14 +470,17 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
   const std::int64_t K = args.kernel_volume;
   const std::int64_t pairs = n_out * K;
   DeviceEdges r;
+  r.n_edges = args.known_edges;  // -1: counted on first use (device_count_edges)
 
-  // The (n_out, K) map. The identity (the caller's hint: K == 1 onto the input's own unique rows)
-  // maps every row to itself, which is what the lookup would find: no hashing, no read-back.
+  // The (n_out, K) map, the relation's one stored view. The identity (the caller's hint: K == 1
+  // onto the input's own unique rows) maps every row to itself, which is what the lookup would
+  // find: no hashing, no read-back.
   r.map = Array::empty({n_out, K}, Dtype::i32, device);
   if (args.known_identity) {
     LATTICE_ASSERT(K == 1 && n_in == n_out, "identity hint on a relation that cannot be the identity");
     if (n_out > 0) fill_iota(r.map.data<std::int32_t>(), n_out, device);
-    edges_from_map(r, n_in, n_out, K, device, n_out, true);
+    r.identity = true;
+    r.n_edges = n_out;
     return r;
   }
   if (pairs > 0) {
@@ -549,36 +495,134 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
                                                     args.scatter, r.map.data<std::int32_t>());
     LATTICE_CUDA_CHECK_LAUNCH();
   }
-  edges_from_map(r, n_in, n_out, K, device, args.known_edges);
+  // identity: K == 1 onto as many rows, each reaching itself (one read-back, 1x1 relations only).
+  if (K == 1 && n_in == n_out) {
+    if (n_out == 0) {
+      r.identity = true;
+    } else {
+      Array mismatch = Array::zeros({1}, Dtype::i32, device);
+      identity_mismatch_kernel<<<grid_for(n_out), kThreads, 0, s>>>(r.map.data<std::int32_t>(), n_out,
+                                                                    reinterpret_cast<int*>(mismatch.raw_data()));
+      LATTICE_CUDA_CHECK_LAUNCH();
+      int flag = 1;
+      copy_to_host(&flag, mismatch.raw_data(), sizeof flag, device);
+      r.identity = flag == 0;
+    }
+    if (r.identity) r.n_edges = n_out;
+  }
   return r;
 }
 
-Array device_input_map(const DeviceTransposeArgs& args) {
-  const Device device = args.in_idx.device();
-  DeviceGuard guard(device.index);
-  cudaStream_t s = stream_of(device);
-  const std::int64_t K = args.kernel_volume;
-  Array map = Array::empty({args.n_in, K}, Dtype::i32, device);
-  if (args.n_in * K > 0) {
-    LATTICE_CUDA_CHECK(cudaMemsetAsync(map.raw_data(), 0xff, static_cast<std::size_t>(args.n_in * K) * 4, s));
-  }
-  if (args.n_edges > 0) {
-    transpose_scatter_kernel<<<grid_for(args.n_edges), kThreads, 0, s>>>(
-        args.in_idx.data<std::int32_t>(), args.out_idx.data<std::int32_t>(), args.k_idx.data<std::int32_t>(),
-        args.n_edges, K, map.data<std::int32_t>());
+// Edges per row of a map: (n) int64 counts.
+static Array row_counts(const Array& map, Device device) {
+  const std::int64_t n = map.dim(0);
+  Array counts = Array::empty({n}, Dtype::i64, device);
+  if (n > 0) {
+    row_count_kernel<<<grid_for(n), kThreads, 0, stream_of(device)>>>(map.data<std::int32_t>(), n, map.dim(1),
+                                                                       counts.data<std::int64_t>());
     LATTICE_CUDA_CHECK_LAUNCH();
   }
-  return map;
+  return counts;
 }
 
-DeviceEdges device_transpose(const DeviceTransposeArgs& args) {
-  const Device device = args.in_idx.device();
+std::int64_t device_count_edges(const Array& map) {
+  const Device device = map.device();
   DeviceGuard guard(device.index);
-  const std::int64_t n_out = args.n_in;  // the transpose's outputs are R's inputs
-  DeviceEdges r;
-  r.map = device_input_map(args);
-  edges_from_map(r, args.n_out, n_out, args.kernel_volume, device, args.n_edges);
+  const std::int64_t n = map.dim(0);
+  if (n == 0 || map.dim(1) == 0) return 0;
+  const Array counts = row_counts(map, device);
+  cudaStream_t s = stream_of(device);
+  Array total = Array::empty({1}, Dtype::i64, device);
+  std::size_t bytes = 0;
+  LATTICE_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, bytes, counts.data<std::int64_t>(),
+                                            total.data<std::int64_t>(), n, s));
+  Array temp = Array::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 16))}, Dtype::u8, device);
+  LATTICE_CUDA_CHECK(cub::DeviceReduce::Sum(temp.raw_data(), bytes, counts.data<std::int64_t>(),
+                                            total.data<std::int64_t>(), n, s));
+  return read_i64(total.data<std::int64_t>(), device);
+}
+
+Array device_row_ptr(const Array& map) {
+  const Device device = map.device();
+  DeviceGuard guard(device.index);
+  return csr_from_counts(row_counts(map, device), map.dim(0), device);
+}
+
+// The output-major list by the row CSR (no read-back: the caller knows the count).
+DeviceEdgeList device_edge_list(const Array& map, const Array& row_ptr, std::int64_t n_edges) {
+  const Device device = map.device();
+  DeviceGuard guard(device.index);
+  const std::int64_t n_out = map.dim(0);
+  DeviceEdgeList r;
+  r.in_idx = Array::empty({n_edges}, Dtype::i32, device);
+  r.out_idx = Array::empty({n_edges}, Dtype::i32, device);
+  r.k_idx = Array::empty({n_edges}, Dtype::i32, device);
+  if (n_edges > 0) {
+    output_major_kernel<<<grid_for(n_out), kThreads, 0, stream_of(device)>>>(
+        map.data<std::int32_t>(), n_out, map.dim(1), row_ptr.data<std::int64_t>(), r.in_idx.data<std::int32_t>(),
+        r.out_idx.data<std::int32_t>(), r.k_idx.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
   return r;
+}
+
+// The per-offset grouping: the map compacted in k-major order. With the count known, no
+// read-back; without it, k_ptr (K + 1 values) is read back once: the count and the host bounds.
+DeviceOffsetGrouping device_per_offset(const Array& map, std::int64_t n_edges) {
+  const Device device = map.device();
+  DeviceGuard guard(device.index);
+  cudaStream_t s = stream_of(device);
+  const std::int64_t n_out = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  const std::int64_t pairs = n_out * K;
+  DeviceOffsetGrouping r;
+  if (n_edges == 0 || pairs == 0) {
+    r.k_ptr = Array::zeros({K + 1}, Dtype::i64, device);
+    r.k_in = Array::empty({0}, Dtype::i32, device);
+    r.k_out = Array::empty({0}, Dtype::i32, device);
+    if (n_edges < 0) r.host_k_ptr.assign(static_cast<std::size_t>(K + 1), 0);
+    return r;
+  }
+  const std::int32_t* m = map.data<std::int32_t>();
+  Array pos = Array::empty({pairs + 1}, Dtype::i64, device);
+  k_major_flags_kernel<<<grid_for(pairs + 1), kThreads, 0, s>>>(m, n_out, K, pos.data<std::int64_t>());
+  LATTICE_CUDA_CHECK_LAUNCH();
+  exclusive_sum_inplace(pos.data<std::int64_t>(), pairs + 1, device);
+  r.k_ptr = Array::empty({K + 1}, Dtype::i64, device);
+  k_ptr_kernel<<<grid_for(K + 1), kThreads, 0, s>>>(pos.data<std::int64_t>(), n_out, K, r.k_ptr.data<std::int64_t>());
+  LATTICE_CUDA_CHECK_LAUNCH();
+  if (n_edges < 0) {
+    r.host_k_ptr.resize(static_cast<std::size_t>(K + 1));
+    copy_to_host(r.host_k_ptr.data(), r.k_ptr.raw_data(), static_cast<std::size_t>(K + 1) * sizeof(std::int64_t),
+                 device);
+    n_edges = r.host_k_ptr.back();
+  }
+  r.k_in = Array::empty({n_edges}, Dtype::i32, device);
+  r.k_out = Array::empty({n_edges}, Dtype::i32, device);
+  if (n_edges > 0) {
+    per_offset_kernel<<<grid_for(pairs), kThreads, 0, s>>>(m, pos.data<std::int64_t>(), n_out, K,
+                                                           r.k_in.data<std::int32_t>(), r.k_out.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
+  return r;
+}
+
+Array device_input_map(const Array& map, std::int64_t n_in) {
+  const Device device = map.device();
+  DeviceGuard guard(device.index);
+  cudaStream_t s = stream_of(device);
+  const std::int64_t n_out = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  Array inv = Array::empty({n_in, K}, Dtype::i32, device);
+  if (n_in * K > 0) {
+    LATTICE_CUDA_CHECK(cudaMemsetAsync(inv.raw_data(), 0xff, static_cast<std::size_t>(n_in * K) * 4, s));
+  }
+  if (n_out * K > 0 && n_in > 0) {
+    input_map_kernel<<<grid_for(n_out * K), kThreads, 0, s>>>(map.data<std::int32_t>(), n_out, K,
+                                                              inv.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
+  return inv;
 }
 
 Array device_row_masks(const Array& map) {
@@ -617,7 +661,7 @@ Array device_row_order(const Array& map) {
 }
 
 DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args) {
-  const Device device = args.in_idx.device();
+  const Device device = args.k_ptr.device();
   DeviceGuard guard(device.index);
   cudaStream_t s = stream_of(device);
   const std::int64_t n_in = args.n_in;
@@ -625,10 +669,11 @@ DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args) {
   const std::int64_t E = args.n_edges;
   DeviceInputGrouping g;
 
-  // Edges per input row as a CSR pointer (integer counts: independent of the atomics' order).
+  // Edges per input row as a CSR pointer (integer counts: independent of the atomics' order);
+  // k_in holds every edge's input row once.
   Array counts = Array::zeros({n_in}, Dtype::i64, device);
   if (E > 0) {
-    input_count_kernel<<<grid_for(E), kThreads, 0, s>>>(args.in_idx.data<std::int32_t>(), E,
+    input_count_kernel<<<grid_for(E), kThreads, 0, s>>>(args.k_in.data<std::int32_t>(), E,
                                                         reinterpret_cast<unsigned long long*>(counts.raw_data()));
     LATTICE_CUDA_CHECK_LAUNCH();
   }
@@ -642,9 +687,9 @@ DeviceInputGrouping device_input_grouping(const DeviceInputGroupingArgs& args) {
   const std::int64_t cells = K * n_in;
   Array inv = Array::empty({cells}, Dtype::i32, device);
   LATTICE_CUDA_CHECK(cudaMemsetAsync(inv.raw_data(), 0xff, static_cast<std::size_t>(cells) * sizeof(std::int32_t), s));
-  inverse_table_kernel<<<grid_for(E), kThreads, 0, s>>>(args.in_idx.data<std::int32_t>(),
-                                                        args.out_idx.data<std::int32_t>(),
-                                                        args.k_idx.data<std::int32_t>(), E, n_in,
+  inverse_table_kernel<<<grid_for(E), kThreads, 0, s>>>(args.k_ptr.data<std::int64_t>(), K,
+                                                        args.k_in.data<std::int32_t>(),
+                                                        args.k_out.data<std::int32_t>(), E, n_in,
                                                         inv.data<std::int32_t>());
   LATTICE_CUDA_CHECK_LAUNCH();
   Array pos = Array::empty({cells + 1}, Dtype::i64, device);
@@ -667,8 +712,11 @@ LATTICE_ROUTE_KERNELS(RelationKernels, relation_cuda_hash, {
     .batch_histogram = cuda::device_batch_histogram,
     .support = cuda::device_support,
     .edges = cuda::device_edges,
+    .count_edges = cuda::device_count_edges,
+    .row_ptr = cuda::device_row_ptr,
+    .edge_list = cuda::device_edge_list,
+    .per_offset = cuda::device_per_offset,
     .row_masks = cuda::device_row_masks,
     .input_grouping = cuda::device_input_grouping,
-    .transpose = cuda::device_transpose,
     .input_map = cuda::device_input_map,
     .row_order = cuda::device_row_order});
