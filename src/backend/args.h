@@ -23,6 +23,10 @@ struct RelationView {
   std::int64_t n_out = 0;
   std::int64_t kernel_volume = 1;
   std::int64_t n_edges = 0;
+  // The edge count when the relation knows it without a read-back (geometry hints, or counted
+  // already), else -1; filled for every pass. A hint (tile shapes), never required: passes that
+  // need the count read n_edges.
+  std::int64_t known_edges = -1;
   // Output-major edge list, sorted by (o, k): in_idx[e], out_idx[e], k_idx[e] (int32, E).
   const std::int32_t* in_idx = nullptr;
   const std::int32_t* out_idx = nullptr;

@@ -123,6 +123,7 @@ backend::RelationView relation_view(const Relation& r, unsigned reads) {
   v.n_out = r.n_out;
   v.kernel_volume = r.kernel_volume;
   v.identity = r.identity;
+  v.known_edges = r.known_edges();
   // The per-offset grouping first: for an uncounted relation it finds the count and the host
   // bounds in one read-back, which the count and host_k_ptr below then reuse.
   if (reads & kRelationReadOffsetGrouping) {

@@ -138,14 +138,12 @@ unsigned relation_reads(RouteId route, ConvPass pass) {
       break;
     case RouteId::conv_implicit_gemm_sm80:  // implicit_gemm_sm80.cu
       switch (pass) {
-        // The map and its tile order alone; the count is left out (0 in the view), which is also
-        // what the kernel's edge-list check (check_edges) needs to pass without an edge list.
+        // The map and its tile order alone (the count is not read: 0 in the view; the tile
+        // shape uses known_edges when the relation already knows it).
         case ConvPass::forward: return kRelationReadGemmMap | kRelationReadGemmOrder;
-        // check_edges asks for the edge list whenever the count is nonzero, though the input
-        // gradient reads the input-side map and the weight gradient the per-offset grouping.
-        case ConvPass::input_grad:
-          return kCount | kEdgeList | kRelationReadInputGemmMap | kRelationReadInputGemmOrder;
-        case ConvPass::weight_grad: return kCount | kEdgeList | kGrouping;
+        // The input-side map and its order (the count decides the all-zero shortcut).
+        case ConvPass::input_grad: return kCount | kRelationReadInputGemmMap | kRelationReadInputGemmOrder;
+        case ConvPass::weight_grad: return kCount | kGrouping;
       }
       break;
     case RouteId::conv_cuda_gather_gemm_scatter:  // gather_gemm_scatter.cu: per-offset GEMMs

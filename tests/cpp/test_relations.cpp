@@ -585,6 +585,14 @@ TEST(RelationViews, ImplicitGemmViewsHoldWhatEachPassReads) {
   EXPECT_EQ(dx.input_gemm_map, rel->input_gemm_map().data<std::int32_t>());
   EXPECT_EQ(dx.in_ptr, nullptr);  // the input grouping is for the CPU gather route only
   EXPECT_EQ(rel->built_views() & Relation::kInputGrouping, 0u);
+  // Neither backward pass reads the output-major edge list (12 bytes per edge).
+  EXPECT_EQ(dw.in_idx, nullptr);
+  EXPECT_EQ(dx.in_idx, nullptr);
+  EXPECT_EQ(dx.n_edges, rel->n_edges());
+  EXPECT_EQ(rel->built_views() & Relation::kEdgeList, 0u);
+  // Every view carries the count the relation already knows, as a hint.
+  EXPECT_EQ(fwd.known_edges, -1);
+  EXPECT_EQ(dx.known_edges, rel->n_edges());
 }
 
 // The views are functions of the map alone: built in any order (edge list first, or the input

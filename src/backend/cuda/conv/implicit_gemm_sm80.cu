@@ -640,9 +640,10 @@ void check_grid(std::int64_t rows_tiles, std::int64_t col_tiles) {
                  "conv implicit_gemm_sm80: problem too large for the grid");
 }
 
-void check_edges(const RelationView& rel) {
-  LATTICE_ASSERT(rel.n_edges == 0 || (rel.in_idx && rel.out_idx && rel.k_idx),
-                 "conv implicit_gemm_sm80: edge list (in_idx, out_idx, k_idx) is null");
+// A pass without its map builds it from the output-major edge list, which must then be there.
+void check_edges_for_map(const RelationView& rel, const std::int32_t* map) {
+  LATTICE_ASSERT(map || rel.n_edges == 0 || (rel.in_idx && rel.out_idx && rel.k_idx),
+                 "conv implicit_gemm_sm80: neither the map nor the edge list (in_idx, out_idx, k_idx) is given");
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
@@ -731,7 +732,7 @@ void launch_weight_grad(std::int64_t runs, std::int64_t c_in, std::int64_t c_out
 template <class E>
 void forward(const ConvArgs& a) {
   const RelationView& rel = a.rel;
-  check_edges(rel);
+  check_edges_for_map(rel, rel.gemm_map);
   if (rel.n_out == 0 || a.c_out == 0) return;
   DeviceGuard guard(a.device.index);
   cudaStream_t s = stream_of(a.device);
@@ -743,7 +744,10 @@ void forward(const ConvArgs& a) {
     map = built.data<std::int32_t>();
     order = nullptr;
   }
-  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.kernel_volume, rel.n_edges, static_cast<const E*>(a.x), a.c_in,
+  // The forward does not read the count: the tile shape takes it when the relation knows it (a
+  // hint or an earlier count), else assumes a sparse scan.
+  const std::int64_t edges_hint = rel.n_edges > 0 ? rel.n_edges : (rel.known_edges > 0 ? rel.known_edges : 0);
+  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.kernel_volume, edges_hint, static_cast<const E*>(a.x), a.c_in,
                                  static_cast<const E*>(a.w), a.c_out, static_cast<const E*>(a.bias),
                                  static_cast<E*>(a.y), a.device.index, s);
 }
@@ -751,7 +755,7 @@ void forward(const ConvArgs& a) {
 template <class E>
 void input_grad(const ConvArgs& a) {
   const RelationView& rel = a.rel;
-  check_edges(rel);
+  check_edges_for_map(rel, rel.input_gemm_map);
   if (rel.n_in == 0 || a.c_in == 0) return;
   DeviceGuard guard(a.device.index);
   cudaStream_t s = stream_of(a.device);
@@ -777,7 +781,6 @@ void input_grad(const ConvArgs& a) {
 template <class E>
 void weight_grad(const ConvArgs& a) {
   const RelationView& rel = a.rel;
-  check_edges(rel);
   const std::int64_t per_offset = a.c_in * a.c_out;
   const std::int64_t n = rel.kernel_volume * per_offset;
   if (n == 0) return;
