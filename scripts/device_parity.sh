@@ -7,6 +7,7 @@
 #
 #   OUT=/tmp/out bash scripts/device_parity.sh            # everything (~10 min budget)
 #   SKIP_BENCH=1 SKIP_SANITIZER=1 bash scripts/device_parity.sh
+#   SKIP_BENCH=1 SANITIZE=full bash scripts/device_parity.sh   # memcheck / racecheck of every CUDA test
 #
 # Environment: CUDA_ARCH (default 90), JOBS (default nproc), PYTEST_ARGS (extra pytest arguments),
 # LATTICE_SHARED_DIR (the shared/ folder with bench/workloads.py and data/, when carried).
@@ -57,12 +58,23 @@ tail -3 "$OUT/pytest.txt"
 san_mem_rc=-1; san_race_rc=-1
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   if command -v compute-sanitizer > /dev/null; then
-    SAN_TESTS="tests/python/test_cuda_parity.py tests/python/test_cuda_python.py"
-    stamp "compute-sanitizer memcheck (reduced parity)"
-    # torch's caching allocator hides out-of-bounds accesses inside its pooled blocks: plain cudaMalloc
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 LATTICE_PARITY_REDUCED=1 compute-sanitizer --tool memcheck \
-      --leak-check no --error-exitcode 99 --print-limit 50 \
-      python3 -m pytest -q -p no:cacheprovider -x $SAN_TESTS > "$OUT/memcheck.txt" 2>&1
+    # SANITIZE=full: memcheck over every CUDA Python test (the whole `-k "cuda or Cuda"` selection,
+    # parity cases not reduced) and racecheck over every C++ CUDA test plus the implicit-GEMM
+    # Python cases; longer than one device call's 10 minutes, so run it in a call of its own.
+    # Default: the reduced parity set and the shared-memory kernels' small C++ tests.
+    if [ "${SANITIZE:-reduced}" = full ]; then
+      stamp "compute-sanitizer memcheck (every CUDA Python test)"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+        --leak-check no --error-exitcode 99 --print-limit 50 \
+        python3 -m pytest -q -p no:cacheprovider -k "cuda or Cuda" tests/python > "$OUT/memcheck.txt" 2>&1
+    else
+      SAN_TESTS="tests/python/test_cuda_parity.py tests/python/test_cuda_python.py"
+      stamp "compute-sanitizer memcheck (reduced parity)"
+      # torch's caching allocator hides out-of-bounds accesses inside its pooled blocks: plain cudaMalloc
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 LATTICE_PARITY_REDUCED=1 compute-sanitizer --tool memcheck \
+        --leak-check no --error-exitcode 99 --print-limit 50 \
+        python3 -m pytest -q -p no:cacheprovider -x $SAN_TESTS > "$OUT/memcheck.txt" 2>&1
+    fi
     san_mem_rc=$?
     stamp "compute-sanitizer memcheck (C++ CUDA tests)"
     (cd "$BUILD" && compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 50 \
@@ -71,11 +83,20 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
     # racecheck (shared-memory hazards) is slow on cuBLAS and on large tests: it runs the C++ tests
     # of every kernel that uses shared memory, at sizes that finish in minutes.
     stamp "compute-sanitizer racecheck (C++ CUDA tests with shared memory)"
+    if [ "${SANITIZE:-reduced}" = full ]; then
+      RACE_FILTER='Cuda*'
+    else
+      RACE_FILTER='CudaConv.ImplicitGemmSm80RacecheckSmall:CudaQuantized.LinearMatchesDequantizedMatmul:CudaPool.*:CudaPointVoxel.*:CudaCoords.*:CudaAlgebra.Align*:CudaRelations.AllKindsMatchCpuOnSmall*'
+    fi
     (cd "$BUILD" && compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
-      --print-limit 50 ./lattice_cpp_tests \
-      --gtest_filter='CudaConv.ImplicitGemmSm80RacecheckSmall:CudaQuantized.LinearMatchesDequantizedMatmul:CudaPool.*:CudaPointVoxel.*:CudaCoords.*:CudaAlgebra.Align*:CudaRelations.AllKindsMatchCpuOnSmall*') \
-      > "$OUT/racecheck.txt" 2>&1
+      --print-limit 50 ./lattice_cpp_tests --gtest_filter="$RACE_FILTER") > "$OUT/racecheck.txt" 2>&1
     san_race_rc=$?
+    if [ "${SANITIZE:-reduced}" = full ]; then
+      stamp "compute-sanitizer racecheck (implicit-GEMM Python cases)"
+      compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 --print-limit 50 \
+        python3 -m pytest -q -p no:cacheprovider tests/python/test_gemm_order.py >> "$OUT/racecheck.txt" 2>&1
+      [ $? -ne 0 ] && san_race_rc=99
+    fi
     tail -2 "$OUT/memcheck.txt" "$OUT/racecheck.txt"
   else
     echo "compute-sanitizer not found: sanitizer runs skipped" | tee "$OUT/memcheck.txt" > "$OUT/racecheck.txt"
