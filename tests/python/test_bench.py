@@ -83,6 +83,9 @@ def test_bench_smoke_network_records_every_conv_layer(smoke):
     assert net["conv_layers"] == 49 == len(net["layers"])
     assert sum(layer["pairs"] for layer in net["layers"]) == net["pairs"]
     assert all(layer["route"] for layer in net["layers"])
+    # Every layer has its own forward time (issue 19: the route and time per layer are visible),
+    # and the per-layer table in results.txt shows them.
+    assert all(isinstance(layer["fwd_ms"], float) and layer["fwd_ms"] > 0 for layer in net["layers"])
 
 
 def test_bench_smoke_writes_json_table_and_png_files(smoke):
@@ -93,6 +96,7 @@ def test_bench_smoke_writes_json_table_and_png_files(smoke):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "results.txt").read_text(encoding="utf-8")
     assert all(r["name"] in table for r in doc["results"])
+    assert "conv layers (fwd ms" in table and "encoders.0.0.conv" in table
 
 
 def test_bench_smoke_json_has_environment_and_ceilings(smoke):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -577,6 +578,56 @@ def record_conv_layers(model: torch.nn.Module, x: SparseTensor) -> list[dict]:
     return layers
 
 
+def time_conv_layers(model: torch.nn.Module, x: SparseTensor, layers: list[dict], repeats: int = 5) -> None:
+    """Adds ``fwd_ms`` to each record of :func:`record_conv_layers`: the median over ``repeats``
+    inferences on ``x`` (its maps cached by the recording call) of each conv module's forward
+    time. The device is synchronised before and after every layer (CUDA events on a GPU,
+    ``perf_counter`` on the CPU), so a layer's time is its own work plus one launch latency, and
+    the layers' sum is above a pipelined inference's time."""
+    times: dict[str, list[float]] = {}
+    cuda = x.feats.is_cuda
+    starts: dict[str, Any] = {}
+    handles = []
+
+    def pre_for(name: str):
+        def pre(_m: torch.nn.Module, _inputs: tuple) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                starts[name] = ev
+            else:
+                starts[name] = time.perf_counter()
+        return pre
+
+    def post_for(name: str):
+        def post(_m: torch.nn.Module, _inputs: tuple, _out: Any) -> None:
+            if cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                torch.cuda.synchronize()
+                ms = float(starts[name].elapsed_time(ev))
+            else:
+                ms = 1e3 * (time.perf_counter() - starts[name])
+            times.setdefault(name, []).append(ms)
+        return post
+
+    for name, mod in model.named_modules():
+        if type(mod) in _MODULE_OPS:
+            handles.append(mod.register_forward_pre_hook(pre_for(name)))
+            handles.append(mod.register_forward_hook(post_for(name)))
+    try:
+        with torch.no_grad():
+            for _ in range(repeats):
+                model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    for rec in layers:
+        got = times.get(rec["layer"])
+        rec["fwd_ms"] = float(np.median(got)) if got else None
+
+
 def network_case(workload: str, batch: int) -> Case:
     name = f"networks/minkunet42/{workload}/b{batch}"
 
@@ -596,7 +647,9 @@ def network_case(workload: str, batch: int) -> Case:
             return SparseTensor(coords, feats)
 
         model.eval()
-        layers = record_conv_layers(model, fresh())
+        x_layers = fresh()
+        layers = record_conv_layers(model, x_layers)
+        time_conv_layers(model, x_layers, layers, repeats=3)
         with torch.no_grad():
             t_inf = ctx.time(lambda x: model(x), setup=fresh)
 

@@ -251,11 +251,12 @@ def format_tables(doc: dict, with_layers: bool = False) -> str:
             for r in nets:
                 lrows = [[x["layer"], x["op"], str(x["route"]), f"{x['c_in']}->{x['c_out']}",
                           "x".join(map(str, x["kernel_size"])) + (f" s{x['stride'][0]}" if x["stride"][0] != 1 else ""),
-                          _num(x["n_in"]), _num(x["n_out"]), _num(x["pairs"]), f"{x['avg_offsets']:.2f}"]
+                          _num(x["n_in"]), _num(x["n_out"]), _num(x["pairs"]), f"{x['avg_offsets']:.2f}",
+                          "-" if x.get("fwd_ms") is None else f"{x['fwd_ms']:.3f}"]
                          for x in r.get("layers", [])]
-                parts.append(f"\n{r['name']}: conv layers")
-                parts.append(_table(["layer", "op", "route", "C", "kernel", "N_in", "N_out", "pairs", "avg"], lrows,
-                                    left=(0, 1, 2)))
+                parts.append(f"\n{r['name']}: conv layers (fwd ms: maps cached, device synchronised around each layer)")
+                parts.append(_table(["layer", "op", "route", "C", "kernel", "N_in", "N_out", "pairs", "avg", "fwd ms"],
+                                    lrows, left=(0, 1, 2)))
     quant = [r for r in ok if r["group"] == "quantized"]
     if quant:
         rows = []
