@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.utils.data
 import torch.utils.dlpack
 
 def _load_extension() -> Any:
@@ -44,14 +45,45 @@ core = _load_extension()
 UnsupportedError = core.UnsupportedError
 
 
+# The process whose CPU thread count lattice has settled (see _settle_threads); None: not yet.
+_threads_pid: Optional[int] = None
+
+
+def _settle_threads() -> None:
+    """Once per process, before its first CPU op: inside a torch DataLoader worker lattice's own
+    kernels run on one thread, as torch's do there (``torch.set_num_threads(1)`` in every worker),
+    unless LATTICE_NUM_THREADS is set or the worker called :func:`lattice.set_num_threads`.
+    Workers that voxelize or convolve would otherwise each start a thread per CPU next to the
+    training process, and every OpenMP barrier would then wait on a descheduled thread
+    (docs/performance.md, "Known problem: OpenMP barriers on a busy machine"). Results do not
+    depend on the thread count."""
+    global _threads_pid
+    pid = os.getpid()
+    if pid == _threads_pid:
+        return
+    _threads_pid = pid
+    if "LATTICE_NUM_THREADS" not in os.environ and torch.utils.data.get_worker_info() is not None:
+        core.set_num_threads(1)
+
+
+def threads_settled_by_user() -> None:
+    """Marks this process's thread count as the user's choice (lattice.set_num_threads)."""
+    global _threads_pid
+    _threads_pid = os.getpid()
+
+
 def to_core(t: torch.Tensor) -> Any:
     """A DLPack capsule viewing ``t`` (no copy). Autograd history is dropped, data is shared.
 
     CUDA tensors: lattice's work runs on torch's current stream of the tensor's device (set here,
     before the core sees the tensor), and CUDA kernels take contiguous rows, so a strided CUDA
-    tensor is made contiguous on that stream first."""
+    tensor is made contiguous on that stream first. CPU tensors: the first one of a process
+    settles its thread count (_settle_threads)."""
     t = t.detach()
-    if t.is_cuda:
+    if not t.is_cuda:
+        if _threads_pid != os.getpid():
+            _settle_threads()
+    else:
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         core.set_current_stream(index, _raw_stream(index))
         t = t.contiguous()

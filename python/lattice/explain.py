@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ._core import as_tensor, core, to_core
+from ._core import as_tensor, core, threads_settled_by_user, to_core
 from .ops import conv as _conv
 from .ops import point_voxel as _point_voxel
 from .ops import pool as _pool
@@ -105,6 +105,9 @@ def get_num_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    """Sets the CPU threads lattice's kernels use (default: LATTICE_NUM_THREADS, else
-    OMP_NUM_THREADS, else all hardware threads)."""
+    """Sets the CPU threads lattice's kernels use. Default: LATTICE_NUM_THREADS, else
+    OMP_NUM_THREADS, else the CPUs this process may use (its affinity mask, capped by a cgroup CPU
+    quota such as ``docker --cpus``); 1 inside a torch DataLoader worker unless
+    LATTICE_NUM_THREADS is set or the worker calls this. Results do not depend on the count."""
     core.set_num_threads(int(n))
+    threads_settled_by_user()

@@ -1,15 +1,76 @@
 #include "lattice/core/threads.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "lattice/core/error.h"
 
 namespace lattice {
 
+namespace detail {
+
+int cpus_from_cgroup_v2(std::string_view cpu_max) {
+  // "max 100000" (no limit) or "<quota> <period>" in microseconds.
+  std::istringstream in{std::string(cpu_max)};
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || q <= 0) return 0;
+  return cpus_from_cgroup_v1(q, period);
+}
+
+int cpus_from_cgroup_v1(long long quota_us, long long period_us) {
+  if (quota_us <= 0 || period_us <= 0) return 0;  // -1: no limit
+  const long long n = (quota_us + period_us - 1) / period_us;  // a partial CPU still needs a thread
+  return n < 1 ? 1 : (n > 4096 ? 4096 : static_cast<int>(n));
+}
+
+}  // namespace detail
+
 namespace {
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  if (f) std::getline(f, line);
+  return line;
+}
+
+// CPUs this process may run on: the affinity mask (taskset, container cpusets), capped by a
+// cgroup CPU quota (docker --cpus, Kubernetes limits), which hardware_concurrency ignores. More
+// threads than that make every OpenMP barrier wait for a descheduled thread (docs/performance.md,
+// "Known problem: OpenMP barriers on a busy machine").
+int available_cpus() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  int n = hw ? static_cast<int>(hw) : 1;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int in_mask = CPU_COUNT(&set);
+    if (in_mask >= 1) n = in_mask;
+  }
+  int quota = detail::cpus_from_cgroup_v2(read_first_line("/sys/fs/cgroup/cpu.max"));
+  if (quota == 0) {
+    const std::string q = read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+    const std::string p = read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (!q.empty() && !p.empty()) quota = detail::cpus_from_cgroup_v1(std::atoll(q.c_str()), std::atoll(p.c_str()));
+  }
+  if (quota > 0 && quota < n) n = quota;
+#endif
+  return n;
+}
 
 int default_threads() {
   for (const char* var : {"LATTICE_NUM_THREADS", "OMP_NUM_THREADS"}) {
@@ -19,8 +80,7 @@ int default_threads() {
       if (end != v && n >= 1 && n <= 4096) return static_cast<int>(n);
     }
   }
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw ? static_cast<int>(hw) : 1;
+  return available_cpus();
 }
 
 std::atomic<int>& setting() {
@@ -36,5 +96,7 @@ void set_num_threads(int n) {
   if (n < 1) throw_value_error("set_num_threads", "n", "a thread count >= 1", std::to_string(n));
   setting().store(n, std::memory_order_relaxed);
 }
+
+int cpus_available() { return available_cpus(); }
 
 }  // namespace lattice
