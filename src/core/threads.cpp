@@ -8,10 +8,6 @@
 #include <string>
 #include <thread>
 
-#if defined(__linux__)
-#include <sched.h>
-#endif
-
 #include "lattice/core/error.h"
 
 namespace lattice {
@@ -47,19 +43,22 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
-// CPUs this process may run on: the affinity mask (taskset, container cpusets), capped by a
-// cgroup CPU quota (docker --cpus, Kubernetes limits), which hardware_concurrency ignores. More
-// threads than that make every OpenMP barrier wait for a descheduled thread (docs/performance.md,
-// "Known problem: OpenMP barriers on a busy machine").
+std::atomic<CpuCountFn>& cpus_source() {
+  static std::atomic<CpuCountFn> fn{nullptr};
+  return fn;
+}
+
+// CPUs this process may run on: the platform's count (the CPU backend registers the affinity
+// mask: taskset, container cpusets; else the hardware threads), capped by a cgroup CPU quota
+// (docker --cpus, Kubernetes limits), which hardware_concurrency ignores. More threads than that
+// make every OpenMP barrier wait for a descheduled thread (docs/performance.md, "Known problem:
+// OpenMP barriers on a busy machine").
 int available_cpus() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  int n = hw ? static_cast<int>(hw) : 1;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int in_mask = CPU_COUNT(&set);
-    if (in_mask >= 1) n = in_mask;
+  int n = 0;
+  if (const CpuCountFn fn = cpus_source().load(std::memory_order_acquire)) n = fn();
+  if (n < 1) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    n = hw ? static_cast<int>(hw) : 1;
   }
   int quota = detail::cpus_from_cgroup_v2(read_first_line("/sys/fs/cgroup/cpu.max"));
   if (quota == 0) {
@@ -68,7 +67,6 @@ int available_cpus() {
     if (!q.empty() && !p.empty()) quota = detail::cpus_from_cgroup_v1(std::atoll(q.c_str()), std::atoll(p.c_str()));
   }
   if (quota > 0 && quota < n) n = quota;
-#endif
   return n;
 }
 
@@ -98,5 +96,7 @@ void set_num_threads(int n) {
 }
 
 int cpus_available() { return available_cpus(); }
+
+void set_available_cpus_source(CpuCountFn fn) { cpus_source().store(fn, std::memory_order_release); }
 
 }  // namespace lattice

@@ -16,6 +16,10 @@ int num_threads();
 void set_num_threads(int n);
 // The CPUs this process may use (affinity mask and cgroup quota; the default of num_threads()).
 int cpus_available();
+// The platform's count of CPUs this process may run on, registered by the CPU backend (the
+// affinity mask; core itself stays on the standard library). Without one: the hardware threads.
+using CpuCountFn = int (*)();
+void set_available_cpus_source(CpuCountFn fn);
 
 namespace detail {
 // CPUs allowed by a cgroup v2 `cpu.max` line ("<quota> <period>" or "max <period>"), or by a

@@ -2,13 +2,35 @@
 
 #include "lattice/core/threads.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #ifndef LATTICE_BLAS_NAME
 #define LATTICE_BLAS_NAME "blas"
 #endif
 
 namespace lattice::backend::cpu {
 
+namespace {
+
+// CPUs in this process's affinity mask (taskset, container cpusets), 0 when unknown: core's
+// default thread count (lattice/core/threads.h) starts from it.
+int affinity_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+#endif
+  return 0;
+}
+
+const bool affinity_registered = (set_available_cpus_source(&affinity_cpus), true);
+
+}  // namespace
+
 CpuCaps query_cpu_caps() {
+  (void)affinity_registered;
   CpuCaps caps;
   caps.threads = num_threads();  // lattice's own setting, see core/threads.h
 #if defined(__x86_64__) || defined(__i386__)
