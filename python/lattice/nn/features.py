@@ -37,6 +37,7 @@ from typing import Any, Optional
 import torch
 
 from .._device import check_device
+from ..ops import conv as conv_ops
 from ..ops import features as ops
 from ..tensor import SparseTensor
 
@@ -310,11 +311,39 @@ class RMSNorm(torch.nn.Module):
         return f"{self.num_features}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
+def _lattice_linear(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether :class:`Linear` runs as lattice's kernel-1 submanifold conv (the pointwise route):
+    float32 CPU features, weight and bias, shapes valid, and nobody tracing torch functions
+    (lattice.export's TorchFunctionMode must see ``F.linear``) or autocasting."""
+    f = x.feats
+    if f.is_cuda or f.dtype != torch.float32 or f.dim() != 2 or weight.dtype != torch.float32:
+        return False
+    if weight.device != f.device or weight.dim() != 2 or f.shape[1] != weight.shape[1]:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.device != f.device or
+                             tuple(bias.shape) != (weight.shape[0],)):
+        return False
+    if torch.overrides._is_torch_function_mode_enabled() or torch.is_autocast_cpu_enabled():
+        return False
+    return True
+
+
 class Linear(torch.nn.Linear):
-    """``feats @ W^T + b`` per row (``torch.nn.Linear`` on the feature matrix)."""
+    """``feats @ W^T + b`` per row (``torch.nn.Linear`` on the feature matrix).
+
+    float32 CPU features run as a kernel-1 submanifold conv (lattice's pointwise route: the
+    fused f32 kernels on lattice's threads, the same matmul up to rounding) instead of torch's
+    BLAS: Debian's torch calls OpenBLAS's own thread pool, which competed with lattice's threads
+    (MinkUNet42's classifier backward took 0.05-1.9 s on the 2-core machine; docs/performance.md,
+    "Issue 17: pointwise and Linear"). Every other case — and lattice.export's tracing — runs
+    ``F.linear``.
+    """
 
     def forward(self, x: SparseTensor) -> SparseTensor:  # type: ignore[override]
         _check("Linear", x)
+        if _lattice_linear(x, self.weight, self.bias):
+            w = self.weight.view(self.weight.shape[0], 1, 1, 1, self.weight.shape[1])
+            return conv_ops.subm_conv3d(x, w, self.bias, kernel_size=1)
         return ops.linear(x, self.weight, self.bias)
 
 
