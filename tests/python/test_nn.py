@@ -210,3 +210,73 @@ def test_nn_linear_under_a_torch_function_mode_calls_f_linear(rng):
         y = lin(x)
     assert torch.nn.functional.linear in seen
     assert torch.equal(y.feats, torch.nn.functional.linear(x.feats, lin.weight, lin.bias))
+
+
+def _bn_pair(c: int, train: bool):
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        bn = lnn.BatchNorm(c, momentum=0.3, eps=1e-3)
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    return bn.train(train)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_relu_and_add_relu_equal_the_unfused_modules_bitwise(rng, train):
+    """lattice.models' blocks call batch_norm_relu / add_relu (ReLU in place on the fresh batch
+    norm output / residual sum). Against relu(bn(x)) and relu(a + b) with twin modules: the same
+    values, input / weight / bias gradients and running statistics, bit for bit, in training
+    and eval; the caller's features are not modified."""
+    coords = random_coords(rng, 400)
+    f = torch.from_numpy(rng.standard_normal((coords.shape[0], 24))).float() * 2 + 0.5
+    g = torch.from_numpy(rng.standard_normal((coords.shape[0], 24))).float()
+    results = []
+    for fused in (True, False):
+        bn, relu = _bn_pair(24, train), lnn.ReLU()
+        xf = f.clone().requires_grad_()
+        x = lattice.SparseTensor(torch.from_numpy(coords), xf)
+        before = xf.detach().clone()
+        y = lnn.features.batch_norm_relu(bn, relu, x) if fused else relu(bn(x))
+        z = lnn.features.add_relu(relu, y, x) if fused else relu(y.replace_feats(y.feats + x.feats))
+        assert y.key == x.key and z.key == x.key
+        grads = torch.autograd.grad((y.feats * g).sum() + (z.feats * g).sum(), [xf, bn.weight, bn.bias])
+        assert torch.equal(xf.detach(), before)
+        results.append((y.feats.detach(), z.feats.detach(), *grads, bn.running_mean.clone(), bn.running_var.clone(),
+                        bn.num_batches_tracked.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert float(results[0][0].min()) == 0.0 and float((results[0][0] == 0).float().mean()) > 0.05
+
+
+def test_batch_norm_relu_with_hooks_or_tracing_calls_the_modules(rng):
+    """A forward hook on either module, or a TorchFunctionMode (lattice.export's tracer), makes
+    batch_norm_relu / add_relu call the modules themselves: the hooks run, and the mode sees
+    F.batch_norm and F.relu (the calls the exporter turns into nodes)."""
+    coords = random_coords(rng, 60)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.randn(coords.shape[0], 5))
+    bn, relu = _bn_pair(5, False), lnn.ReLU()
+    fired = []
+    h = relu.register_forward_hook(lambda m, i, o: fired.append("relu"))
+    out = lnn.features.batch_norm_relu(bn, relu, x)
+    lnn.features.add_relu(relu, out, x)
+    h.remove()
+    assert fired == ["relu", "relu"]
+    h = bn.register_forward_pre_hook(lambda m, i: fired.append("bn"))
+    lnn.features.batch_norm_relu(bn, relu, x)
+    h.remove()
+    assert fired[-1] == "bn"
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        y = lnn.features.batch_norm_relu(bn, relu, x)
+        lnn.features.add_relu(relu, y, x)
+    assert torch.nn.functional.batch_norm in seen
+    assert seen.count(torch.nn.functional.relu) == 2

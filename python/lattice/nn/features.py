@@ -359,6 +359,42 @@ class ReLU(torch.nn.Module):
         return ops.relu(x)
 
 
+def _plain_call(*modules: torch.nn.Module) -> bool:
+    """True when calling these modules' ``forward`` directly is indistinguishable from calling
+    the modules: no forward (pre-)hooks on them or globally, no instance-level ``forward`` (what
+    lattice.export's tracer installs), and no TorchFunctionMode watching torch calls."""
+    from torch.nn.modules import module as _m
+    if _m._global_forward_hooks or _m._global_forward_pre_hooks:
+        return False
+    if torch.overrides._is_torch_function_mode_enabled():
+        return False
+    return all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in m.__dict__ for m in modules)
+
+
+def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor) -> SparseTensor:
+    """``relu(bn(x))`` for lattice.models' blocks. When ``bn`` is a lattice :class:`BatchNorm`
+    (or :class:`SyncBatchNorm`) and ``relu`` a :class:`ReLU`, both called plainly (no hooks, no
+    tracing), the ReLU runs in place on the batch norm's output: that tensor is fresh (torch's
+    batch norm allocates it and nobody else has seen it) and batch norm's backward does not read
+    it, so the values and gradients are those of ``relu(bn(x))`` exactly, minus one allocation and
+    one pass over the features (issue 17: -25 to -35% of the pair's forward on kitti-sized
+    matrices). Otherwise the two modules are called as usual."""
+    if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
+        _check("ReLU", x)
+        y = BatchNorm.forward(bn, x)  # type: ignore[arg-type]
+        return y.replace_feats(torch.relu_(y.feats))
+    return relu(bn(x))
+
+
+def add_relu(relu: torch.nn.Module, a: SparseTensor, b: SparseTensor) -> SparseTensor:
+    """``relu(a + b)`` on the features of ``a`` (the residual sum of lattice.models' blocks), with
+    the ReLU in place on the fresh sum when ``relu`` is a plainly called :class:`ReLU` (the sum's
+    backward does not read it); otherwise ``relu`` is called on the sum."""
+    if type(relu) is ReLU and _plain_call(relu):
+        return a.replace_feats(torch.relu_(a.feats + b.feats))
+    return relu(a.replace_feats(a.feats + b.feats))
+
+
 class LeakyReLU(torch.nn.Module):
     """``feats`` where positive, ``negative_slope * feats`` elsewhere."""
 
