@@ -16,7 +16,8 @@
 // instead of BLIS (issue 17): W (W^T for the input gradient) packed once per call into
 // 16-column panels, rows read and written in place, each block of rows initialising its own
 // output rows in the region that sums into them; the weight gradient's column-block items run
-// fused_weight_grad_f32 over all rows. BLIS read W^T through strides in the input gradient and
+// fused_weight_grad_f32 over all rows when C_out is a multiple of 16 and C_in + C_out <= 256
+// (BLIS's direct GEMM otherwise; see weight_grad). BLIS read W^T through strides in the input gradient and
 // ran the 1x1 passes at 35-70 GFLOP/s on one core on kitti; docs/performance.md, "Issue 17:
 // pointwise". Determinism: each output element is one FMA chain over the channels added once
 // onto the bias / zero (forward, input grad), or a fixed edge-block order (weight grad); none of
@@ -153,7 +154,12 @@ void weight_grad(const ConvArgs& a) {
   const std::int64_t cb = detail::weight_grad_column_block(1, a.c_in);
   const std::int64_t items = (a.c_in + cb - 1) / cb;
   const int threads = detail::threads_for(n * a.c_in * a.c_out);
-  const bool fused = uses_fused<T>() && n > 0;
+  // The fused weight gradient re-adds its tiles every 16-32 rows (fused_weight_grad_edge_block)
+  // and sweeps all rows once per column block: in the kitti network it beat BLIS's one direct
+  // GEMM per column block for narrow, 16-aligned outputs (C_in + C_out <= 256: (32, 64), (64,
+  // 128), (128, 96): -20 to -40%) and lost for wide ones ((384, 256): +30%) and for C_out = 19
+  // (a padded second panel); those keep BLIS.
+  const bool fused = uses_fused<T>() && n > 0 && a.c_out % detail::kPanelCols == 0 && a.c_in + a.c_out <= 256;
   const std::vector<std::int32_t> rows = fused ? identity_rows(n) : std::vector<std::int32_t>{};
 #pragma omp parallel num_threads(threads)
   {
