@@ -335,8 +335,8 @@ class Linear(torch.nn.Linear):
     fused f32 kernels on lattice's threads, the same matmul up to rounding) instead of torch's
     BLAS: Debian's torch calls OpenBLAS's own thread pool, which competed with lattice's threads
     (MinkUNet42's classifier backward took 0.05-1.9 s on the 2-core machine; docs/performance.md,
-    "Issue 17: pointwise and Linear"). Every other case — and lattice.export's tracing — runs
-    ``F.linear``.
+    "Issue 17: the phases outside the GEMMs, the pointwise route and Linear"). Every other case,
+    and lattice.export's tracing, runs ``F.linear``.
     """
 
     def forward(self, x: SparseTensor) -> SparseTensor:  # type: ignore[override]

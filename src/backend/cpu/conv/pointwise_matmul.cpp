@@ -17,9 +17,9 @@
 // 16-column panels, rows read and written in place, each block of rows initialising its own
 // output rows in the region that sums into them; the weight gradient's column-block items run
 // fused_weight_grad_f32 over all rows when C_out is a multiple of 16 and C_in + C_out <= 256
-// (BLIS's direct GEMM otherwise; see weight_grad). BLIS read W^T through strides in the input gradient and
-// ran the 1x1 passes at 35-70 GFLOP/s on one core on kitti; docs/performance.md, "Issue 17:
-// pointwise". Determinism: each output element is one FMA chain over the channels added once
+// (BLIS's direct GEMM otherwise; see weight_grad). BLIS read W^T through strides in the input
+// gradient and ran the 1x1 passes at 35-70 GFLOP/s on one core on kitti (docs/performance.md,
+// "Issue 17: the phases outside the GEMMs, the pointwise route and Linear"). Determinism: each output element is one FMA chain over the channels added once
 // onto the bias / zero (forward, input grad), or a fixed edge-block order (weight grad); none of
 // it depends on the row blocks' assignment to threads.
 #include <algorithm>
