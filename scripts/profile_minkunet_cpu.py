@@ -21,7 +21,10 @@ time (as cpu_side_by_side.sh does), split into phases by wrapping the Python ent
 * ``other``: the rest of the wall time (Python, autograd bookkeeping, allocation).
 
 The wrappers cost a few microseconds per call (~200 calls per step), negligible next to the
-phases. Medians over ``--reps`` runs after one warm-up.
+phases. Medians over ``--reps`` runs after one warm-up. ``--clock cpu`` times with the process CPU
+time instead of the wall clock (use it with ``LATTICE_NUM_THREADS=1`` for A/B runs on a shared
+machine: the wall time of a process that other jobs deschedule is mostly their load);
+``--torch-threads n`` sets torch's intra-op threads first.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from lattice import _core  # noqa: E402
 from lattice.models import MinkUNet42  # noqa: E402
 
 T = defaultdict(float)
+CLOCK = [time.perf_counter]  # --clock cpu: time.process_time (CPU time of all threads)
 LAYERS: list = []  # (pass, C_in, C_out, K, edges, seconds) per core call, when --layers
 RECORD = [False]
 SHAPE = [None]
@@ -52,11 +56,11 @@ SHAPE = [None]
 
 def timed(name, fn):
     def wrapper(*a, **k):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         try:
             return fn(*a, **k)
         finally:
-            T[name] += time.perf_counter() - t
+            T[name] += CLOCK[0]() - t
     return wrapper
 
 
@@ -76,9 +80,9 @@ def install(split_grouping: bool) -> None:
         if not name.startswith("__"):
             setattr(shim, name, getattr(acore, name))
     def conv_forward(plan, x, w, b):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         y = fwd(plan, x, w, b)
-        dt = time.perf_counter() - t
+        dt = CLOCK[0]() - t
         T["conv fwd"] += dt
         if RECORD[0]:
             r = plan.relation
@@ -105,28 +109,28 @@ def install(split_grouping: bool) -> None:
             return bwd(ctx.plan, to_core(feats), to_core(weight), to_core(dy), nx, nw, nb)
         dx = dw = db = None
         if need_x:
-            t = time.perf_counter()
+            t = CLOCK[0]()
             dx, _, _ = call(True, False, False)
-            first = time.perf_counter() - t
+            first = CLOCK[0]() - t
             if RECORD[0]:
                 r = ctx.plan.relation
                 LAYERS.append(("dx", r.kernel_volume, r.n_out, r.n_edges, first, tuple(weight.shape)))
             if split_grouping:
-                t = time.perf_counter()
+                t = CLOCK[0]()
                 dx, _, _ = call(True, False, False)
-                second = time.perf_counter() - t
+                second = CLOCK[0]() - t
                 T["input grad"] += second
                 T["grouping"] += max(first - second, 0.0)
                 T["_extra"] += second  # the duplicated call, removed from the wall time
             else:
                 T["input grad"] += first
         if need_w or need_b:
-            t = time.perf_counter()
+            t = CLOCK[0]()
             _, dw, db = call(False, bool(need_w), bool(need_b))
-            T["weight grad"] += time.perf_counter() - t
+            T["weight grad"] += CLOCK[0]() - t
             if RECORD[0]:
                 r = ctx.plan.relation
-                LAYERS.append(("dw", r.kernel_volume, r.n_out, r.n_edges, time.perf_counter() - t,
+                LAYERS.append(("dw", r.kernel_volume, r.n_out, r.n_edges, CLOCK[0]() - t,
                                tuple(weight.shape)))
         return (from_core(dx) if dx is not None else None, from_core(dw) if dw is not None else None,
                 from_core(db) if db is not None else None, None)
@@ -142,12 +146,21 @@ def install(split_grouping: bool) -> None:
     lattice.ops.cat = cat
     orig_res = mb.ResidualBlock.forward
 
-    def res_forward(self, x):  # the residual add, timed on its own
+    fused = hasattr(lnn.features, "add_relu")  # trees with the in-place ReLU helpers of blocks.py
+
+    def res_forward(self, x):  # ResidualBlock.forward with the residual add timed on its own
+        if fused:  # as blocks.py: 'bn' includes bn1's in-place ReLU, 'add' the sum's in-place ReLU
+            y = self.bn2(self.conv2(lnn.features.batch_norm_relu(self.bn1, self.relu, self.conv1(x))))
+            skip = x if self.shortcut is None else self.shortcut(x)
+            t = CLOCK[0]()
+            z = lnn.features.add_relu(self.relu, y, skip)
+            T["add"] += CLOCK[0]() - t
+            return z
         y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
         skip = x if self.shortcut is None else self.shortcut(x)
-        t = time.perf_counter()
+        t = CLOCK[0]()
         z = y.replace_feats(y.feats + skip.feats)
-        T["add"] += time.perf_counter() - t
+        T["add"] += CLOCK[0]() - t
         return self.relu(z)
     mb.ResidualBlock.forward = res_forward
     orig_init = lattice.SparseTensor.__init__
@@ -172,18 +185,18 @@ def run(reps: int, split_grouping: bool) -> dict:
     def step():
         model.train()
         y = model(lattice.SparseTensor(coords, feats))
-        T["_fwd_end"] = time.perf_counter()
+        T["_fwd_end"] = CLOCK[0]()
         y.F.sum().backward()
-        T["_bwd_end"] = time.perf_counter()
+        T["_bwd_end"] = CLOCK[0]()
 
     for name, fn in (("inference", inf), ("train_step", step)):
         fn()
         rows = []
         for _ in range(reps):
             T.clear()
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             fn()
-            wall = time.perf_counter() - t0 - T.pop("_extra", 0.0)
+            wall = CLOCK[0]() - t0 - T.pop("_extra", 0.0)
             fwd_end = T.pop("_fwd_end", None)
             T.pop("_bwd_end", None)
             row = dict(T)
@@ -237,7 +250,16 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--split-grouping", action="store_true")
     ap.add_argument("--layers", action="store_true", help="per-call table of the last training step")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads(n) before running (default: leave torch's count alone)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: perf_counter; cpu: process CPU time (all threads; with LATTICE_NUM_THREADS=1 a "
+                         "measure of work that a loaded machine disturbs far less than wall time)")
     args = ap.parse_args()
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     install(args.split_grouping)
     res = run(args.reps, args.split_grouping)
     if args.layers:

@@ -542,6 +542,48 @@ TYPED_TEST(ConvPointwiseMatmul, MatchesReferenceOnIdentityRelation) {
   }
 }
 
+// The pointwise route's f32 passes take the fused register-tile kernels on an AVX2 + FMA CPU
+// (issue 17) and BLIS otherwise. This switches the fused kernels off and on around the same
+// identity problems, so both paths are checked against the reference, and each for bitwise
+// equality across runs and thread counts. The shapes cover several row blocks of the fused
+// passes (1536 rows each) with a partial last block and a partial last 6-row tile, 16-column
+// panel tails on both sides (C_out 33 and C_in 40 for W^T in the input gradient), C_in below
+// one tile row (7), a single row, and C_in split into weight-gradient column blocks.
+TEST(ConvPointwiseMatmulF32, FusedAndBlisPathsMatchReferenceAndAreReproducible) {
+  struct Restore {
+    ~Restore() { detail::set_fused_rows_enabled(true); }
+  } restore;
+  struct Sizes {
+    std::int64_t n, c_in, c_out;
+    bool bias;
+  };
+  for (const bool fused : {false, true}) {
+    detail::set_fused_rows_enabled(fused);
+    const std::string path = fused && detail::fused_rows_available() ? "fused" : "blis";
+    std::mt19937 gen(77);
+    for (const Sizes s : {Sizes{4001, 40, 33, true}, Sizes{3073, 7, 48, false}, Sizes{1, 5, 3, true},
+                          Sizes{1600, 96, 128, true}}) {
+      const Relation rel = identity_relation(s.n);
+      const auto data = random_data<float>(rel, s.c_in, s.c_out, s.bias, gen);
+      const std::string what = path + ", n=" + std::to_string(s.n) + " C_in=" + std::to_string(s.c_in) +
+                               " C_out=" + std::to_string(s.c_out);
+      expect_route_matches_reference(kPointwiseMatmul, rel, data, what);
+      const auto first = run(kPointwiseMatmul, rel, data);
+      const auto second = run(kPointwiseMatmul, rel, data);
+      const int threads = num_threads();
+      set_num_threads(threads == 1 ? 3 : 1);
+      const auto other = run(kPointwiseMatmul, rel, data);
+      set_num_threads(threads);
+      for (const auto* out : {&second, &other}) {
+        const std::string run_what = what + (out == &second ? ", second run" : ", other thread count");
+        expect_bitwise_equal(first.y, out->y, "y, " + run_what);
+        expect_bitwise_equal(first.dx, out->dx, "dx, " + run_what);
+        expect_bitwise_equal(first.dw, out->dw, "dw, " + run_what);
+      }
+    }
+  }
+}
+
 TEST(ConvPointwiseMatmul, NonIdentityRelationIsAnInternalError) {
   const Relation rel = hand_relation();
   const auto data = hand_data<float>();

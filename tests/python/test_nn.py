@@ -159,3 +159,124 @@ def test_nn_batchnorm_relu_linear_act_on_features_and_keep_identity(rng):
 def test_nn_conv_module_rejects_non_positive_channels():
     with pytest.raises(ValueError, match=r"^\[Conv3d\] channels: expected positive in/out channels"):
         lnn.Conv3d(0, 4, 3)
+
+
+def test_nn_linear_f32_cpu_runs_the_pointwise_route_and_matches_a_float64_matmul(rng, monkeypatch):
+    """float32 CPU Linear runs lattice's kernel-1 conv (not torch's BLAS): proved by counting the
+    core calls; values and all three gradients agree with a float64 matmul to f32 rounding. The
+    float64 module (and any traced call) still runs F.linear: bitwise equal to it."""
+    import lattice.autograd as la
+    coords = random_coords(rng, 300)
+    f64 = torch.from_numpy(rng.standard_normal((coords.shape[0], 37)))
+    x = lattice.SparseTensor(torch.from_numpy(coords), f64.float().requires_grad_())
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        lin = lnn.Linear(37, 19)
+    calls = []
+    real = la.core.conv_forward
+    monkeypatch.setattr(la.core, "conv_forward", lambda *a: calls.append(1) or real(*a))
+    y = lin(x)
+    assert calls, "float32 CPU Linear did not run lattice's conv"
+    assert y.key == x.key
+    w64, b64 = lin.weight.detach().double(), lin.bias.detach().double()
+    ref = f64 @ w64.T + b64
+    torch.testing.assert_close(y.feats.double(), ref, rtol=1e-5, atol=1e-5)
+    g64 = torch.from_numpy(rng.standard_normal(tuple(ref.shape)))
+    dx, dw, db = torch.autograd.grad(y.feats, [x.feats, lin.weight, lin.bias], g64.float())
+    torch.testing.assert_close(dx.double(), g64 @ w64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), g64.T @ f64, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(db.double(), g64.sum(0), rtol=1e-5, atol=1e-4)
+    calls.clear()
+    lin64 = lnn.Linear(37, 19).double()
+    x64 = lattice.SparseTensor(torch.from_numpy(coords), f64)
+    assert torch.equal(lin64(x64).feats, torch.nn.functional.linear(f64, lin64.weight, lin64.bias))
+    assert not calls, "float64 Linear should run F.linear"
+
+
+def test_nn_linear_under_a_torch_function_mode_calls_f_linear(rng):
+    """lattice.export traces F.linear through a TorchFunctionMode: with a mode active the f32
+    Linear must call it (and give F.linear's exact result)."""
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    coords = random_coords(rng, 50)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.randn(coords.shape[0], 6))
+    lin = lnn.Linear(6, 4)
+    with Spy():
+        y = lin(x)
+    assert torch.nn.functional.linear in seen
+    assert torch.equal(y.feats, torch.nn.functional.linear(x.feats, lin.weight, lin.bias))
+
+
+def _bn_pair(c: int, train: bool):
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        bn = lnn.BatchNorm(c, momentum=0.3, eps=1e-3)
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    return bn.train(train)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_relu_and_add_relu_equal_the_unfused_modules_bitwise(rng, train):
+    """lattice.models' blocks call batch_norm_relu / add_relu (ReLU in place on the fresh batch
+    norm output / residual sum). Against relu(bn(x)) and relu(a + b) with twin modules: the same
+    values, input / weight / bias gradients and running statistics, bit for bit, in training
+    and eval; the caller's features are not modified."""
+    coords = random_coords(rng, 400)
+    f = torch.from_numpy(rng.standard_normal((coords.shape[0], 24))).float() * 2 + 0.5
+    g = torch.from_numpy(rng.standard_normal((coords.shape[0], 24))).float()
+    results = []
+    for fused in (True, False):
+        bn, relu = _bn_pair(24, train), lnn.ReLU()
+        xf = f.clone().requires_grad_()
+        x = lattice.SparseTensor(torch.from_numpy(coords), xf)
+        before = xf.detach().clone()
+        y = lnn.features.batch_norm_relu(bn, relu, x) if fused else relu(bn(x))
+        z = lnn.features.add_relu(relu, y, x) if fused else relu(y.replace_feats(y.feats + x.feats))
+        assert y.key == x.key and z.key == x.key
+        grads = torch.autograd.grad((y.feats * g).sum() + (z.feats * g).sum(), [xf, bn.weight, bn.bias])
+        assert torch.equal(xf.detach(), before)
+        results.append((y.feats.detach(), z.feats.detach(), *grads, bn.running_mean.clone(), bn.running_var.clone(),
+                        bn.num_batches_tracked.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert float(results[0][0].min()) == 0.0 and float((results[0][0] == 0).float().mean()) > 0.05
+
+
+def test_batch_norm_relu_with_hooks_or_tracing_calls_the_modules(rng):
+    """A forward hook on either module, or a TorchFunctionMode (lattice.export's tracer), makes
+    batch_norm_relu / add_relu call the modules themselves: the hooks run, and the mode sees
+    F.batch_norm and F.relu (the calls the exporter turns into nodes)."""
+    coords = random_coords(rng, 60)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.randn(coords.shape[0], 5))
+    bn, relu = _bn_pair(5, False), lnn.ReLU()
+    fired = []
+    h = relu.register_forward_hook(lambda m, i, o: fired.append("relu"))
+    out = lnn.features.batch_norm_relu(bn, relu, x)
+    lnn.features.add_relu(relu, out, x)
+    h.remove()
+    assert fired == ["relu", "relu"]
+    h = bn.register_forward_pre_hook(lambda m, i: fired.append("bn"))
+    lnn.features.batch_norm_relu(bn, relu, x)
+    h.remove()
+    assert fired[-1] == "bn"
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        y = lnn.features.batch_norm_relu(bn, relu, x)
+        lnn.features.add_relu(relu, y, x)
+    assert torch.nn.functional.batch_norm in seen
+    assert seen.count(torch.nn.functional.relu) == 2

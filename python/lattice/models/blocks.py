@@ -41,7 +41,7 @@ class ConvBlock(torch.nn.Module):
 
     def forward(self, x: SparseTensor, coordinates: Optional[SparseTensor] = None) -> SparseTensor:
         y = self.conv(x) if coordinates is None else self.conv(x, coordinates)  # positional: hooks see it
-        return self.relu(self.bn(y))
+        return lnn.features.batch_norm_relu(self.bn, self.relu, y)  # relu(bn(y)), ReLU in place when plain
 
 
 class ResidualBlock(torch.nn.Module):
@@ -65,9 +65,9 @@ class ResidualBlock(torch.nn.Module):
                                                 lnn.BatchNorm(c_out, eps=eps, momentum=momentum))
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        y = self.bn2(self.conv2(lnn.features.batch_norm_relu(self.bn1, self.relu, self.conv1(x))))
         skip = x if self.shortcut is None else self.shortcut(x)
-        return self.relu(y.replace_feats(y.feats + skip.feats))
+        return lnn.features.add_relu(self.relu, y, skip)  # relu(y + skip), ReLU in place when plain
 
 
 def translate(x: SparseTensor, shift: Sequence[int]) -> SparseTensor:

@@ -37,6 +37,7 @@ from typing import Any, Optional
 import torch
 
 from .._device import check_device
+from ..ops import conv as conv_ops
 from ..ops import features as ops
 from ..tensor import SparseTensor
 
@@ -310,11 +311,39 @@ class RMSNorm(torch.nn.Module):
         return f"{self.num_features}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
+def _lattice_linear(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether :class:`Linear` runs as lattice's kernel-1 submanifold conv (the pointwise route):
+    float32 CPU features, weight and bias, shapes valid, and nobody tracing torch functions
+    (lattice.export's TorchFunctionMode must see ``F.linear``) or autocasting."""
+    f = x.feats
+    if f.is_cuda or f.dtype != torch.float32 or f.dim() != 2 or weight.dtype != torch.float32:
+        return False
+    if weight.device != f.device or weight.dim() != 2 or f.shape[1] != weight.shape[1]:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.device != f.device or
+                             tuple(bias.shape) != (weight.shape[0],)):
+        return False
+    if torch.overrides._is_torch_function_mode_enabled() or torch.is_autocast_cpu_enabled():
+        return False
+    return True
+
+
 class Linear(torch.nn.Linear):
-    """``feats @ W^T + b`` per row (``torch.nn.Linear`` on the feature matrix)."""
+    """``feats @ W^T + b`` per row (``torch.nn.Linear`` on the feature matrix).
+
+    float32 CPU features run as a kernel-1 submanifold conv (lattice's pointwise route: the
+    fused f32 kernels on lattice's threads, the same matmul up to rounding) instead of torch's
+    BLAS: Debian's torch calls OpenBLAS's own thread pool, which competed with lattice's threads
+    (MinkUNet42's classifier backward took 0.05-1.9 s on the 2-core machine; docs/performance.md,
+    "Issue 17: the phases outside the GEMMs, the pointwise route and Linear"). Every other case,
+    and lattice.export's tracing, runs ``F.linear``.
+    """
 
     def forward(self, x: SparseTensor) -> SparseTensor:  # type: ignore[override]
         _check("Linear", x)
+        if _lattice_linear(x, self.weight, self.bias):
+            w = self.weight.view(self.weight.shape[0], 1, 1, 1, self.weight.shape[1])
+            return conv_ops.subm_conv3d(x, w, self.bias, kernel_size=1)
         return ops.linear(x, self.weight, self.bias)
 
 
@@ -328,6 +357,42 @@ class ReLU(torch.nn.Module):
     def forward(self, x: SparseTensor) -> SparseTensor:
         _check("ReLU", x)
         return ops.relu(x)
+
+
+def _plain_call(*modules: torch.nn.Module) -> bool:
+    """True when calling these modules' ``forward`` directly is indistinguishable from calling
+    the modules: no forward (pre-)hooks on them or globally, no instance-level ``forward`` (what
+    lattice.export's tracer installs), and no TorchFunctionMode watching torch calls."""
+    from torch.nn.modules import module as _m
+    if _m._global_forward_hooks or _m._global_forward_pre_hooks:
+        return False
+    if torch.overrides._is_torch_function_mode_enabled():
+        return False
+    return all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in m.__dict__ for m in modules)
+
+
+def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor) -> SparseTensor:
+    """``relu(bn(x))`` for lattice.models' blocks. When ``bn`` is a lattice :class:`BatchNorm`
+    (or :class:`SyncBatchNorm`) and ``relu`` a :class:`ReLU`, both called plainly (no hooks, no
+    tracing), the ReLU runs in place on the batch norm's output: that tensor is fresh (torch's
+    batch norm allocates it and nobody else has seen it) and batch norm's backward does not read
+    it, so the values and gradients are those of ``relu(bn(x))`` exactly, minus one allocation and
+    one pass over the features (issue 17: -25 to -35% of the pair's forward on kitti-sized
+    matrices). Otherwise the two modules are called as usual."""
+    if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
+        _check("ReLU", x)
+        y = BatchNorm.forward(bn, x)  # type: ignore[arg-type]
+        return y.replace_feats(torch.relu_(y.feats))
+    return relu(bn(x))
+
+
+def add_relu(relu: torch.nn.Module, a: SparseTensor, b: SparseTensor) -> SparseTensor:
+    """``relu(a + b)`` on the features of ``a`` (the residual sum of lattice.models' blocks), with
+    the ReLU in place on the fresh sum when ``relu`` is a plainly called :class:`ReLU` (the sum's
+    backward does not read it); otherwise ``relu`` is called on the sum."""
+    if type(relu) is ReLU and _plain_call(relu):
+        return a.replace_feats(torch.relu_(a.feats + b.feats))
+    return relu(a.replace_feats(a.feats + b.feats))
 
 
 class LeakyReLU(torch.nn.Module):

@@ -12,10 +12,23 @@
 //   weight_grad dw[0] = x^T @ dy
 // Numerics: GEMMs in Accum<T> (sgemm for f16/bf16/f32, dgemm for f64); f16/bf16 operands are
 // widened to f32 per block and each output element is rounded to T once, at the end.
+// f32 on a CPU with AVX2 + FMA takes the fused register-tile kernels of common/fused_rows.h
+// instead of BLIS (issue 17): W (W^T for the input gradient) packed once per call into
+// 16-column panels, rows read and written in place, each block of rows initialising its own
+// output rows in the region that sums into them; the weight gradient's column-block items run
+// fused_weight_grad_f32 over all rows when C_out is a multiple of 16 and C_in + C_out <= 256
+// (BLIS's direct GEMM otherwise; see weight_grad). BLIS read W^T through strides in the input
+// gradient and ran the 1x1 passes at 35-70 GFLOP/s on one core on kitti (docs/performance.md,
+// "Issue 17: the phases outside the GEMMs, the pointwise route and Linear"). Determinism: each output element is one FMA chain over the channels added once
+// onto the bias / zero (forward, input grad), or a fixed edge-block order (weight grad); none of
+// it depends on the row blocks' assignment to threads.
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <type_traits>
 #include <vector>
 
+#include "backend/cpu/common/fused_rows.h"
 #include "backend/cpu/common/gemm_support.h"
 #include "backend/cpu/conv/conv_routes.h"
 #include "backend/kernels.h"
@@ -49,10 +62,58 @@ void blocked_matmul(const T* src, std::int64_t n, std::int64_t c_src, const Accu
   }
 }
 
+// Rows per work item of the fused passes (a multiple of the 6-row tile).
+constexpr std::int64_t kFusedRowBlock = 1536;
+
+// 0, 1, ..., n - 1: the identity row list the fused kernels read.
+std::vector<std::int32_t> identity_rows(std::int64_t n) {
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  return rows;
+}
+
+// acc (n, c_dst) = init + src (n, c_src) @ W, W's element (ci, co) at w[ci * rsw + co * csw];
+// init: bias (c_dst) or zero. f32, fused kernels (fused_rows_available()).
+void fused_matmul(const float* src, std::int64_t n, std::int64_t c_src, const float* w, std::int64_t rsw,
+                  std::int64_t csw, std::int64_t c_dst, const float* bias, float* acc) {
+  detail::AlignedFloats packed;
+  packed.resize(detail::packed_panels_size(c_src, c_dst));
+  detail::pack_panels(w, rsw, csw, c_src, c_dst, packed.data);
+  const std::vector<std::int32_t> rows = identity_rows(n);
+  const std::int64_t blocks = (n + kFusedRowBlock - 1) / kFusedRowBlock;
+  const int threads = blocks > 1 ? detail::threads_for(n * c_src * c_dst) : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t r0 = b * kFusedRowBlock;
+    const std::int64_t r1 = std::min(n, r0 + kFusedRowBlock);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      float* d = acc + r * c_dst;
+      for (std::int64_t j = 0; j < c_dst; ++j) d[j] = bias ? bias[j] : 0.0F;
+    }
+    detail::fused_rows_f32(src, c_src, rows.data(), rows.data(), r0, r1, packed.data, c_dst, acc);
+  }
+}
+
+template <class T>
+bool uses_fused() {
+  if constexpr (std::is_same_v<T, float>) {
+    return detail::fused_rows_available();
+  } else {
+    return false;
+  }
+}
+
 template <class T>
 void forward(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_out;
+  if constexpr (std::is_same_v<T, float>) {
+    if (uses_fused<T>()) {
+      fused_matmul(static_cast<const float*>(a.x), n, a.c_in, static_cast<const float*>(a.w), a.c_out, 1, a.c_out,
+                   static_cast<const float*>(a.bias), static_cast<float*>(a.y));
+      return;
+    }
+  }
   std::vector<A> acc_buf, w_buf;
   auto* y = static_cast<T*>(a.y);
   A* acc = detail::accum_target(y, n * a.c_out, acc_buf);
@@ -66,6 +127,13 @@ template <class T>
 void input_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_in;
+  if constexpr (std::is_same_v<T, float>) {
+    if (uses_fused<T>()) {  // W[0]^T packed straight from its strides (row 1, column C_out)
+      fused_matmul(static_cast<const float*>(a.dy), n, a.c_out, static_cast<const float*>(a.w), 1, a.c_out, a.c_in,
+                   nullptr, static_cast<float*>(a.dx));
+      return;
+    }
+  }
   std::vector<A> acc_buf, w_buf;
   auto* dx = static_cast<T*>(a.dx);
   A* acc = detail::accum_target(dx, n * a.c_in, acc_buf);
@@ -86,6 +154,13 @@ void weight_grad(const ConvArgs& a) {
   const std::int64_t cb = detail::weight_grad_column_block(1, a.c_in);
   const std::int64_t items = (a.c_in + cb - 1) / cb;
   const int threads = detail::threads_for(n * a.c_in * a.c_out);
+  // The fused weight gradient re-adds its tiles every 16-32 rows (fused_weight_grad_edge_block)
+  // and sweeps all rows once per column block: in the kitti network it beat BLIS's one direct
+  // GEMM per column block for narrow, 16-aligned outputs (C_in + C_out <= 256: (32, 64), (64,
+  // 128), (128, 96): -20 to -40%) and lost for wide ones ((384, 256): +30%) and for C_out = 19
+  // (a padded second panel); those keep BLIS.
+  const bool fused = uses_fused<T>() && n > 0 && a.c_out % detail::kPanelCols == 0 && a.c_in + a.c_out <= 256;
+  const std::vector<std::int32_t> rows = fused ? identity_rows(n) : std::vector<std::int32_t>{};
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;
@@ -93,6 +168,14 @@ void weight_grad(const ConvArgs& a) {
     for (std::int64_t item = 0; item < items; ++item) {
       const std::int64_t c0 = item * cb;
       const std::int64_t c1 = std::min(a.c_in, c0 + cb);
+      if constexpr (std::is_same_v<T, float>) {
+        if (fused) {
+          detail::fused_weight_grad_f32(static_cast<const float*>(a.x), a.c_in, rows.data(),
+                                        static_cast<const float*>(a.dy), a.c_out, rows.data(), n, c0, c1,
+                                        acc + c0 * a.c_out);
+          continue;
+        }
+      }
       detail::weight_grad_rows<T>(static_cast<const T*>(a.x), a.c_in, nullptr,
                                   static_cast<const T*>(a.dy), a.c_out, nullptr, n, c0, c1,
                                   acc + c0 * a.c_out, scratch);
