@@ -280,3 +280,16 @@ def test_batch_norm_relu_with_hooks_or_tracing_calls_the_modules(rng):
         lnn.features.add_relu(relu, y, x)
     assert torch.nn.functional.batch_norm in seen
     assert seen.count(torch.nn.functional.relu) == 2
+
+
+def test_nn_linear_under_cpu_autocast_follows_torch_linear(rng):
+    """Inside torch.autocast("cpu", bfloat16) a float32 Linear takes torch's F.linear (autocast's
+    rule for linear: bfloat16 output), not lattice's float32 pointwise conv."""
+    coords = random_coords(rng, 50)
+    x = lattice.SparseTensor(torch.from_numpy(coords), torch.randn(coords.shape[0], 8))
+    lin = lnn.Linear(8, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+        want = torch.nn.functional.linear(x.feats, lin.weight, lin.bias)
+    assert y.feats.dtype == torch.bfloat16 == want.dtype
+    assert torch.equal(y.feats, want)

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import torch
 
+from .._autocast import autocast_dtype
 from .._device import check_device
 from ..ops import conv as conv_ops
 from ..ops import features as ops
@@ -323,7 +324,7 @@ def _lattice_linear(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.
     if bias is not None and (bias.dtype != torch.float32 or bias.device != f.device or
                              tuple(bias.shape) != (weight.shape[0],)):
         return False
-    if torch.overrides._is_torch_function_mode_enabled() or torch.is_autocast_cpu_enabled():
+    if torch.overrides._is_torch_function_mode_enabled() or autocast_dtype(f.device) is not None:
         return False
     return True
 
