@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace lattice::backend::cpu::detail {
@@ -27,6 +28,16 @@ inline constexpr std::int64_t kPanelCols = 16;
 
 // True when this CPU has AVX2 and FMA and the fused kernels are enabled (the default).
 bool fused_rows_available();
+// Whether the f32 fused kernels run a pass whose storage type is T: float on a CPU where they are
+// available; every other type takes the BLIS path.
+template <class T>
+bool uses_fused_rows() {
+  if constexpr (std::is_same_v<T, float>) {
+    return fused_rows_available();
+  } else {
+    return false;
+  }
+}
 
 // Test hook: false makes fused_rows_available() return false, so the f32 callers take the BLIS
 // path (gemm_rows); true restores the default. Not thread-safe: call between kernel calls.

@@ -73,21 +73,12 @@ std::vector<std::int64_t> chunk_bounds(const std::int64_t* ptr, std::int64_t row
   return bounds;
 }
 
-// True when the f32 fused kernels (common/fused_rows.h) run this problem's passes.
-template <class T>
-bool uses_fused() {
-  if constexpr (std::is_same_v<T, float>) {
-    return detail::fused_rows_available();
-  } else {
-    return false;
-  }
-}
 
 // acc (n_dst, c_dst) += sum_k scatter_{dst_k}(gather_{src_k}(src) @ W_k), W_k = w + k*c_in*c_out
 // read with strides (rsw, csw). `dst_rows` / `src_rows` are a per-offset grouping (k_ptr) whose
 // segments are sorted by destination row; `dst_ptr` (n_dst + 1) counts edges per destination
 // row. Used by forward (dst = outputs) and input_grad (dst = inputs, W^T). The fused f32 path
-// (uses_fused<T>()) also initialises acc to `bias` (or zero when null) chunk by chunk; the other
+// (detail::uses_fused_rows<T>()) also initialises acc to `bias` (or zero when null) chunk by chunk; the other
 // path expects acc initialised by the caller.
 template <class T>
 void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_ptr, std::int64_t n_dst,
@@ -99,7 +90,7 @@ void accumulate_by_destination(const RelationView& rel, const std::int64_t* dst_
   const auto chunks = static_cast<std::int64_t>(bounds.size()) - 1;
   const int threads = chunks > 1 ? detail::threads_for(rel.n_edges * c_src * c_dst) : 1;
   if constexpr (std::is_same_v<T, float>) {
-    if (uses_fused<T>()) {
+    if (detail::uses_fused_rows<T>()) {
       // Fused path (fused_rows.h): every W[k] packed once per call into 16-column panels that
       // all chunks share; each chunk's slice of an offset is one call, read and written in place.
       const std::int64_t panel_size = detail::packed_panels_size(c_src, c_dst);
@@ -163,7 +154,7 @@ void forward(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* y = static_cast<T*>(a.y);
   A* acc = detail::accum_target(y, rel.n_out * a.c_out, acc_buf);
-  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  const bool fused = rel.n_edges > 0 && detail::uses_fused_rows<T>();  // fills acc chunk by chunk itself
   if (!fused) detail::fill_rows(acc, rel.n_out, a.c_out, static_cast<const T*>(a.bias));
   const A* w = detail::as_accum(static_cast<const T*>(a.w), rel.kernel_volume * a.c_in * a.c_out, w_buf);
   if (rel.n_edges > 0)
@@ -182,7 +173,7 @@ void input_grad(const ConvArgs& a) {
   std::vector<A> acc_buf, w_buf;
   auto* dx = static_cast<T*>(a.dx);
   A* acc = detail::accum_target(dx, rel.n_in * a.c_in, acc_buf);
-  const bool fused = rel.n_edges > 0 && uses_fused<T>();  // fills acc chunk by chunk itself
+  const bool fused = rel.n_edges > 0 && detail::uses_fused_rows<T>();  // fills acc chunk by chunk itself
   if (!fused) detail::fill_rows<T>(acc, rel.n_in, a.c_in, nullptr);
   if (rel.n_edges > 0) {
     LATTICE_ASSERT(rel.in_ptr && rel.kt_in && rel.kt_out,
@@ -235,7 +226,7 @@ void weight_grad(const ConvArgs& a) {
       return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
     });
   }
-  const bool fused = uses_fused<T>();  // f32 on AVX2 + FMA: rows read in place (fused_rows.h)
+  const bool fused = detail::uses_fused_rows<T>();  // f32 on AVX2 + FMA: rows read in place (fused_rows.h)
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;

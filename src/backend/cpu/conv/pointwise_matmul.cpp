@@ -94,21 +94,13 @@ void fused_matmul(const float* src, std::int64_t n, std::int64_t c_src, const fl
   }
 }
 
-template <class T>
-bool uses_fused() {
-  if constexpr (std::is_same_v<T, float>) {
-    return detail::fused_rows_available();
-  } else {
-    return false;
-  }
-}
 
 template <class T>
 void forward(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_out;
   if constexpr (std::is_same_v<T, float>) {
-    if (uses_fused<T>()) {
+    if (detail::uses_fused_rows<T>()) {
       fused_matmul(static_cast<const float*>(a.x), n, a.c_in, static_cast<const float*>(a.w), a.c_out, 1, a.c_out,
                    static_cast<const float*>(a.bias), static_cast<float*>(a.y));
       return;
@@ -128,7 +120,7 @@ void input_grad(const ConvArgs& a) {
   using A = Accum<T>;
   const std::int64_t n = a.rel.n_in;
   if constexpr (std::is_same_v<T, float>) {
-    if (uses_fused<T>()) {  // W[0]^T packed straight from its strides (row 1, column C_out)
+    if (detail::uses_fused_rows<T>()) {  // W[0]^T packed straight from its strides (row 1, column C_out)
       fused_matmul(static_cast<const float*>(a.dy), n, a.c_out, static_cast<const float*>(a.w), 1, a.c_out, a.c_in,
                    nullptr, static_cast<float*>(a.dx));
       return;
@@ -159,7 +151,7 @@ void weight_grad(const ConvArgs& a) {
   // GEMM per column block for narrow, 16-aligned outputs (C_in + C_out <= 256: (32, 64), (64,
   // 128), (128, 96): -20 to -40%) and lost for wide ones ((384, 256): +30%) and for C_out = 19
   // (a padded second panel); those keep BLIS.
-  const bool fused = uses_fused<T>() && n > 0 && a.c_out % detail::kPanelCols == 0 && a.c_in + a.c_out <= 256;
+  const bool fused = detail::uses_fused_rows<T>() && n > 0 && a.c_out % detail::kPanelCols == 0 && a.c_in + a.c_out <= 256;
   const std::vector<std::int32_t> rows = fused ? identity_rows(n) : std::vector<std::int32_t>{};
 #pragma omp parallel num_threads(threads)
   {
