@@ -22,6 +22,7 @@ or ../shared); ``lidar`` / ``lidar_x2`` are synthetic. Needs a CUDA device.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -36,6 +37,53 @@ from torch.profiler import ProfilerActivity, profile
 import lattice
 from lattice.bench import workloads
 from lattice.models import MinkUNet42
+
+
+class _CoreProxy:
+    """Stands in for lattice's core module: counts calls, host time and host read-backs per
+    core function (the read-backs from ``lattice.cuda.host_syncs()`` before and after)."""
+
+    def __init__(self, core, table):
+        self._core, self._table = core, table
+
+    def __getattr__(self, name):
+        attr = getattr(self._core, name)
+        if not callable(attr) or isinstance(attr, type) or name in ("host_syncs", "cuda_memory_stats"):
+            return attr
+        table = self._table
+
+        def wrapped(*a, **k):
+            s0 = lattice.cuda.host_syncs()
+            t = time.perf_counter()
+            try:
+                return attr(*a, **k)
+            finally:
+                ms = 1e3 * (time.perf_counter() - t)
+                row = table.setdefault(name, [0, 0.0, 0])
+                row[0] += 1
+                row[1] += ms
+                row[2] += lattice.cuda.host_syncs() - s0
+        return wrapped
+
+
+@contextlib.contextmanager
+def attribute_core():
+    """Every lattice module that imported ``core`` sees the proxy while the block runs."""
+    import sys
+    table: dict = {}
+    patched = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("lattice") and mod is not None and hasattr(mod, "core") \
+                and not isinstance(getattr(mod, "core"), _CoreProxy) and mod_name != "lattice._core":
+            real = getattr(mod, "core")
+            if getattr(real, "__name__", "").endswith("_lattice") or hasattr(real, "conv_forward"):
+                patched.append((mod, real))
+                setattr(mod, "core", _CoreProxy(real, table))
+    try:
+        yield table
+    finally:
+        for mod, real in patched:
+            setattr(mod, "core", real)
 
 
 def wall_ms(fn, reps: int = 10) -> float:
@@ -55,6 +103,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", default="kitti")
     ap.add_argument("--out", default=".", help="folder for the profiler and cProfile tables")
+    ap.add_argument("--steps", default="infer,train,train_half",
+                    help="comma list of infer, train (autocast f16), infer_half, train_half (model.half())")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
@@ -77,8 +127,25 @@ def main() -> None:
             loss = torch.nn.functional.cross_entropy(out.feats.float(), labels)
         loss.backward()
 
+    model_half = MinkUNet42(in_channels=4).to(dev).half()
+    feats_half = feats.half()
+
+    def infer_half():
+        model_half.eval()
+        with torch.no_grad():
+            model_half(lattice.SparseTensor(coords, feats_half))
+
+    def train_half():
+        model_half.train()
+        out = model_half(lattice.SparseTensor(coords, feats_half))
+        loss = torch.nn.functional.cross_entropy(out.feats.float(), labels)
+        loss.backward()
+
+    steps = {"infer": infer, "train": train, "infer_half": infer_half, "train_half": train_half}
+
     print(f"{args.workload}: {n} rows, {torch.cuda.get_device_name(0)}")
-    for name, fn in (("infer", infer), ("train", train)):
+    for name in args.steps.split(","):
+        fn = steps[name]
         wall = wall_ms(fn)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
@@ -108,6 +175,19 @@ def main() -> None:
         syncs = lattice.cuda.host_syncs() - before
         print(f"{name}: wall {wall:.2f} ms, GPU {gpu_ms:.2f} ms, lattice host syncs {syncs}; driver calls per call: "
               + json.dumps(calls), flush=True)
+        with attribute_core() as table:
+            fn()
+            torch.cuda.synchronize()
+        print(f"{name}: lattice core calls (calls, host ms, host syncs):")
+        for key, (n_calls, ms, n_syncs) in sorted(table.items(), key=lambda kv: -kv[1][1]):
+            print(f"    {key:<34} {n_calls:5d} {ms:8.3f} {n_syncs:4d}")
+        kern = {}
+        for e in ka:
+            if getattr(e.device_type, "name", "") == "CUDA":
+                kern[e.key] = kern.get(e.key, 0.0) + getattr(e, "self_device_time_total", 0) / 3 / 1e3
+        print(f"{name}: top GPU kernels (ms per call):")
+        for k, v in sorted(kern.items(), key=lambda kv: -kv[1])[:14]:
+            print(f"    {v:7.3f}  {k[:110]}")
 
 
 if __name__ == "__main__":

@@ -111,19 +111,49 @@ void bind_conv(py::module_& m) {
   m.def(
       "conv_backward",
       [](const ops::ConvPlan& plan, const py::object& feats, const py::object& weight, const py::object& grad_out,
-         bool need_input, bool need_weight, bool need_bias) {
+         bool need_input, bool need_weight, bool need_bias, const std::optional<std::string>& weight_grad_layout,
+         const std::optional<std::string>& weight_grad_dtype) {
         Array x = array_from_capsule(feats, "feats");
         Array w = array_from_capsule(weight, "weight");
         Array dy = array_from_capsule(grad_out, "grad_out");
+        ops::ConvGradRequest request{need_input, need_weight, need_bias, std::nullopt};
+        if (weight_grad_layout || weight_grad_dtype) {
+          // the caller's parameter form (conv_compute_weight was passed): both or neither
+          if (!weight_grad_layout || !weight_grad_dtype)
+            throw ValueError("[conv_backward] weight_grad_layout: expected weight_grad_layout and "
+                             "weight_grad_dtype together, got only one");
+          ops::WeightGradForm form;
+          if (*weight_grad_layout == "dense") form.layout = WeightLayout::dense;
+          else if (*weight_grad_layout == "kernel_major") form.layout = WeightLayout::kernel_major;
+          else throw ValueError("[conv_backward] weight_grad_layout: expected 'dense' or 'kernel_major', got '" +
+                                *weight_grad_layout + "'");
+          form.dtype = parse_dtype(*weight_grad_dtype);
+          request.weight_as = form;
+        }
         ops::ConvGrads g;
         {
           py::gil_scoped_release release;
-          g = ops::conv_backward(plan, x, w, dy, {need_input, need_weight, need_bias});
+          g = ops::conv_backward(plan, x, w, dy, request);
         }
         return py::make_tuple(capsule_or_none(g.input), capsule_or_none(g.weight), capsule_or_none(g.bias));
       },
       py::arg("plan"), py::arg("feats"), py::arg("weight"), py::arg("grad_out"), py::arg("need_input"),
-      py::arg("need_weight"), py::arg("need_bias"));
+      py::arg("need_weight"), py::arg("need_bias"), py::arg("weight_grad_layout") = py::none(),
+      py::arg("weight_grad_dtype") = py::none());
+
+  m.def(
+      "conv_compute_weight",
+      [](const ops::ConvPlan& plan, const py::object& feats, const py::object& weight) {
+        Array x = array_from_capsule(feats, "feats");
+        Array w = array_from_capsule(weight, "weight");
+        Array out;
+        {
+          py::gil_scoped_release release;
+          out = ops::conv_compute_weight(plan, x, w);
+        }
+        return capsule_from_array(out);
+      },
+      py::arg("plan"), py::arg("feats"), py::arg("weight"));
 
   m.def(
       "explain_conv",

@@ -301,6 +301,58 @@ Array Array::contiguous() const {
 }
 
 namespace {
+template <class D, class S>
+void convert_rows_cpu(D* dst, const S* src, const Shape& shape, const Shape& strides, std::int64_t n) {
+  const std::size_t nd = shape.size();
+  std::vector<std::int64_t> idx(nd, 0);
+  for (std::int64_t flat = 0; flat < n; ++flat) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < nd; ++d) off += idx[d] * strides[d];
+    // one rounding to D: widening is exact, f64 -> f32 rounds once, 16-bit targets come from f32
+    // or the other 16-bit type (contiguous_as refuses f64 <-> 16-bit)
+    if constexpr (std::is_same_v<D, double>) dst[flat] = static_cast<double>(load(src[off]));
+    else dst[flat] = store<D>(static_cast<Accum<D>>(load(src[off])));
+    for (std::size_t d = nd; d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+Array Array::contiguous_as(Dtype dtype) const {
+  if (!is_floating(dtype_) || !is_floating(dtype))
+    throw TypeError(std::string("[Array] contiguous_as: expected float arrays and a float dtype, got ") +
+                    std::string(to_string(dtype_)) + " -> " + std::string(to_string(dtype)));
+  if (dtype == dtype_) return contiguous();
+  // 16-bit from f64 would round twice through f32: no caller needs it (autocast leaves f64 alone)
+  if ((dtype_ == Dtype::f64 && size_of(dtype) == 2) || (dtype == Dtype::f64 && size_of(dtype_) == 2))
+    throw TypeError(std::string("[Array] contiguous_as: expected a conversion among float16, bfloat16, float32 "
+                                "or between float32 and float64, got ") +
+                    std::string(to_string(dtype_)) + " -> " + std::string(to_string(dtype)));
+  Array out = empty(shape_, dtype, device_);
+  const std::int64_t n = numel();
+  if (n == 0) return out;
+  if (!device_.is_cpu()) {
+    std::shared_ptr<const DeviceAllocator> alloc = cuda_allocator_ref();
+    if (!alloc->strided_convert || shape_.size() > 8)
+      throw UnsupportedError("[Array] contiguous_as: expected an array of at most 8 axes on a device with a "
+                             "converting copy, got " + std::to_string(shape_.size()) + " axes on " + to_string(device_));
+    alloc->strided_convert(out.raw_data(), dtype, raw_data(), dtype_, shape_.data(), strides_.data(),
+                           static_cast<int>(shape_.size()), device_.index);
+    return out;
+  }
+  dispatch_float(dtype, "Array.contiguous_as", "dtype", [&](auto dt) {
+    using D = typename decltype(dt)::type;
+    dispatch_float(dtype_, "Array.contiguous_as", "array", [&](auto st) {
+      using S = typename decltype(st)::type;
+      convert_rows_cpu(out.data<D>(), data<S>(), shape_, strides_, n);
+    });
+  });
+  return out;
+}
+
+namespace {
 std::shared_ptr<const DeviceAllocator> copy_capable_allocator(Device a, Device b) {
   std::shared_ptr<const DeviceAllocator> alloc = cuda_allocator_ref();
   if (!alloc->copy)

@@ -20,7 +20,8 @@ struct CheckedWeight {
   std::int64_t c_out = 0;
 };
 
-CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array& weight) {
+// `any_dtype`: the weight may have another float dtype than feats (conv_compute_weight converts it).
+CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array& weight, bool any_dtype = false) {
   const std::string_view op = plan.op;
   const Int3& k = plan.spec.size;
   const std::int64_t kv = plan.spec.volume();
@@ -36,8 +37,9 @@ CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array
                       "a tensor on " + to_string(plan.input->coords().device()) + " (the device of coords)",
                       to_string(feats.device()));
   if (!weight.defined()) throw_value_error(op, "weight", "a weight array", "nothing");
-  if (weight.dtype() != feats.dtype())
-    throw_type_error(op, "weight", std::string(to_string(feats.dtype())) + " (the dtype of feats)",
+  if (any_dtype ? !is_floating(weight.dtype()) : weight.dtype() != feats.dtype())
+    throw_type_error(op, "weight",
+                     any_dtype ? std::string("a float dtype") : std::string(to_string(feats.dtype())) + " (the dtype of feats)",
                      to_string(weight.dtype()));
   if (weight.device() != feats.device())
     throw_value_error(op, "weight", "a tensor on " + to_string(feats.device()) + " (the device of feats)",
@@ -51,13 +53,15 @@ CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array
       throw_value_error(op, "weight", expected, format_shape(weight.shape()));
     out.layout = WeightLayout::dense;
     out.c_out = weight.dim(0);
-    out.kernel_major = weight_dense_to_kernel_major(weight);
+    // dense (co, k, ci) is at (co * K + k) * C_in + ci: as (K, C_in, C_out), strides (C_in, 1, K * C_in)
+    const Array w = weight.contiguous();
+    out.kernel_major = w.strided_view({kv, c_in, out.c_out}, {c_in, 1, kv * c_in}).contiguous_as(feats.dtype());
   } else if (weight.ndim() == 3) {
     if (weight.dim(0) != kv || weight.dim(1) != c_in)
       throw_value_error(op, "weight", expected, format_shape(weight.shape()));
     out.layout = WeightLayout::kernel_major;
     out.c_out = weight.dim(2);
-    out.kernel_major = weight.contiguous();
+    out.kernel_major = weight.contiguous_as(feats.dtype());
   } else {
     throw_value_error(op, "weight", expected, format_shape(weight.shape()));
   }
@@ -204,7 +208,20 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     args.dw = dw.raw_data();
     args.rel = view_for(plan, chosen.id, ConvPass::weight_grad);
     chosen.kernels.weight_grad(args);
-    grads.weight = w.layout == WeightLayout::dense ? weight_kernel_major_to_dense(dw, plan.spec.size) : dw;
+    const WeightGradForm form = request.weight_as.value_or(WeightGradForm{w.layout, weight.dtype()});
+    if (!is_floating(form.dtype))
+      throw_type_error(plan.op, "weight_grad_dtype", "a float dtype", to_string(form.dtype));
+    if (form.layout == WeightLayout::dense) {
+      // kernel-major (k, ci, co) is at (k * C_in + ci) * C_out + co: as (C_out, K, C_in), strides
+      // (1, C_in * C_out, C_out); one pass that permutes and converts
+      const Int3 ks = plan.spec.size;
+      const std::int64_t ci = x.dim(1), co = w.c_out, kv = plan.relation->kernel_volume;
+      grads.weight = dw.strided_view({co, kv, ci}, {1, ci * co, co})
+                         .contiguous_as(form.dtype)
+                         .reshape({co, ks[0], ks[1], ks[2], ci});
+    } else {
+      grads.weight = dw.contiguous_as(form.dtype);
+    }
   }
   if (request.bias) {
     // The weight-gradient route sums dy's columns on its device (every route has a bias kernel).
@@ -216,6 +233,10 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     chosen.kernels.bias_grad(args);
   }
   return grads;
+}
+
+Array conv_compute_weight(const ConvPlan& plan, const Array& feats, const Array& weight) {
+  return check_weight(plan, feats, weight, /*any_dtype=*/true).kernel_major;
 }
 
 // The explanations count the relation's edges (one read-back for an uncounted device relation):

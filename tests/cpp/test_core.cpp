@@ -354,6 +354,61 @@ TEST(ArrayBasics, StridedViewSharesStorageAndChecksItsBounds) {
   EXPECT_NO_THROW(w.strided_view({0, 4}, {1000, 1}));  // empty: addresses nothing
 }
 
+TEST(ArrayBasics, ContiguousAsGathersAndConvertsWithOneRounding) {
+  // The permuted view of a dense weight converted f32 -> f16 / bf16 / f64 and back: each element
+  // is the permuted source rounded once to nearest even (1 + 2^-11 is a tie that rounds to 1 in
+  // f16; 1 + 3*2^-11 rounds up to 1 + 2^-9), and widening back is exact.
+  Array w = Array::empty({2, 3, 4}, Dtype::f32);
+  for (int i = 0; i < 24; ++i) w.data<float>()[i] = 1.0f + static_cast<float>(i) * 0x1p-11f;
+  Array v = w.strided_view({3, 4, 2}, {4, 1, 12});
+  for (Dtype d : {Dtype::f16, Dtype::bf16, Dtype::f64, Dtype::f32}) {
+    Array c = v.contiguous_as(d);
+    ASSERT_EQ(c.dtype(), d);
+    ASSERT_TRUE(c.is_contiguous());
+    Array back = c.contiguous_as(d == Dtype::f64 ? Dtype::f64 : Dtype::f32);
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 4; ++i)
+        for (int o = 0; o < 2; ++o) {
+          const float src = w.data<float>()[o * 12 + k * 4 + i];
+          const float want = d == Dtype::f16 ? to_float(to_half(src)) : d == Dtype::bf16 ? to_float(to_bfloat16(src)) : src;
+          const std::int64_t at = (k * 4 + i) * 2 + o;
+          const double got = d == Dtype::f64 ? back.data<double>()[at] : back.data<float>()[at];
+          EXPECT_EQ(got, static_cast<double>(want)) << to_string(d) << " at " << at;
+        }
+  }
+  EXPECT_EQ(to_float(to_half(1.0f + 0x1p-11f)), 1.0f);           // tie to even
+  EXPECT_EQ(to_float(to_half(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
+  Array same = w.contiguous_as(Dtype::f32);
+  EXPECT_EQ(same.raw_data(), w.raw_data());  // already contiguous in that dtype: the array itself
+  EXPECT_THROW(Array::empty({2}, Dtype::i32).contiguous_as(Dtype::f32), TypeError);
+  EXPECT_THROW(w.contiguous_as(Dtype::i64), TypeError);
+  EXPECT_THROW(w.contiguous_as(Dtype::f64).contiguous_as(Dtype::f16), TypeError);  // f64 -> 16-bit refused
+}
+
+TEST(CudaArray, ContiguousAsEqualsTheCpuConversion) {
+  // The device's converting gather (the allocator's strided_convert) gives the CPU's bits for
+  // every pair of float dtypes it admits, through a permuted view.
+  if (!has_device_allocator(DeviceType::cuda)) GTEST_SKIP() << "this build has no CUDA allocator";
+  try {
+    Array::empty({1}, Dtype::f32, Device::cuda(0));
+  } catch (const UnsupportedError& e) {
+    GTEST_SKIP() << "no usable CUDA device: " << e.what();
+  }
+  Array w = Array::empty({5, 7, 3}, Dtype::f32);
+  for (int i = 0; i < 105; ++i) w.data<float>()[i] = std::sin(static_cast<float>(i)) * 1000.0f + 0x1p-13f * i;
+  const std::vector<std::pair<Dtype, Dtype>> pairs = {
+      {Dtype::f32, Dtype::f16}, {Dtype::f32, Dtype::bf16}, {Dtype::f16, Dtype::f32}, {Dtype::bf16, Dtype::f32},
+      {Dtype::f16, Dtype::bf16}, {Dtype::bf16, Dtype::f16}, {Dtype::f32, Dtype::f64}, {Dtype::f64, Dtype::f32}};
+  for (auto [from, to] : pairs) {
+    Array src = w.contiguous_as(from);
+    Array cpu = src.strided_view({7, 3, 5}, {3, 1, 21}).contiguous_as(to);
+    Array dev = src.to(Device::cuda(0)).strided_view({7, 3, 5}, {3, 1, 21}).contiguous_as(to).to(Device::cpu());
+    ASSERT_EQ(dev.dtype(), to);
+    EXPECT_EQ(std::memcmp(cpu.raw_data(), dev.raw_data(), cpu.nbytes()), 0)
+        << to_string(from) << " -> " << to_string(to);
+  }
+}
+
 TEST(ArrayBasics, UnitAxesDoNotBreakContiguity) {
   float v[4] = {};
   Array a = Array::wrap(v, {1, 4}, {99, 1}, Dtype::f32, Device::cpu(), nullptr);

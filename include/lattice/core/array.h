@@ -67,6 +67,11 @@ struct DeviceAllocator {
   std::function<void(void* dst, const void* src, const std::int64_t* shape, const std::int64_t* strides, int ndim,
                      std::size_t esize, int device_index)>
       strided_copy;
+  // The same gather converting each element from `src_dtype` to `dst_dtype` (float dtypes: f16,
+  // bf16, f32, f64; round to nearest even, as torch's Tensor.to); optional like strided_copy.
+  std::function<void(void* dst, Dtype dst_dtype, const void* src, Dtype src_dtype, const std::int64_t* shape,
+                     const std::int64_t* strides, int ndim, int device_index)>
+      strided_convert;
   // Counters (optional; all zero when absent) and a cache flush (optional).
   std::function<DeviceMemoryStats()> stats;
   std::function<void()> empty_cache;
@@ -119,6 +124,11 @@ class Array {
   Array contiguous() const;
   // Deep copy, contiguous.
   Array clone() const;
+  // Same contents, contiguous, in the float dtype `dtype` (this array is float too): one pass that
+  // gathers and converts (round to nearest even, as torch's Tensor.to), on the array's device;
+  // returns *this when it is already contiguous in `dtype`. TypeError for a non-float array or
+  // dtype.
+  Array contiguous_as(Dtype dtype) const;
   // A view of the same storage (same offset) with another shape and strides (in elements), e.g.
   // a permutation of the axes; every index it can address must lie inside the storage (checked).
   Array strided_view(Shape shape, Shape strides) const;

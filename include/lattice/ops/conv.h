@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -55,10 +56,29 @@ ConvPlan plan_conv(std::string_view op, RelationKind kind, const std::shared_ptr
 Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight,
                    const Array* bias = nullptr);
 
+// The weight the kernels of a planned conv read: kernel-major (K, C_in, C_out), contiguous, in the
+// dtype of `feats`, made in one pass on the weight's device from `weight` in either layout and any
+// float dtype (the array itself when it is already so). What a training call passes to
+// conv_forward and saves for conv_backward when its parameter is a dense float32 master weight
+// under torch.autocast: one permuting cast per call instead of a cast, a permutation in the
+// forward and another in the backward. Same shape errors as conv_forward; TypeError for a weight
+// dtype contiguous_as cannot convert from.
+Array conv_compute_weight(const ConvPlan& plan, const Array& feats, const Array& weight);
+
+// The form of conv_backward's weight gradient when it is not that of the weight passed in: the
+// layout and float dtype of the caller's parameter (e.g. the dense float32 master weight whose
+// conv_compute_weight was passed). The gradient is computed in the feature dtype as always and
+// converted once (exact widening: the same values as converting afterwards).
+struct WeightGradForm {
+  WeightLayout layout = WeightLayout::kernel_major;
+  Dtype dtype = Dtype::f32;
+};
+
 struct ConvGradRequest {
   bool input = true;
   bool weight = true;
   bool bias = false;
+  std::optional<WeightGradForm> weight_as;  // unset: the layout and dtype of the weight passed in
 };
 struct ConvGrads {
   Array input;   // (n_in, C_in), undefined when not requested

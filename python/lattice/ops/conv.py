@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from .._autocast import _eligible as _autocast_eligible
 from .._autocast import autocast_dtype, cast
 from .._core import as_triple, core
 from .._device import check_device
@@ -121,12 +122,17 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
             return x.replace_feats(feats)
         return SparseTensor._from_core(p.output, feats)
     check_device(op, "bias", bias, x.device)
-    weight = kernel_major_weight(weight, amp, x.feats.shape[1])
-    if torch.is_grad_enabled() and (feats_in.requires_grad or weight.requires_grad or
-                                    (bias is not None and bias.requires_grad)):
-        feats = ConvFunction.apply(feats_in, weight, bias, p)
-    else:  # nothing to differentiate: the same core call without an autograd node (host time)
-        feats = conv_forward(p, feats_in, weight, bias)
+    if _core_prepares(weight, amp, feats_in):
+        # a CUDA training weight as it is (dense, float32 master under autocast): the core permutes
+        # and casts it in one pass and returns its gradient in the same form (ConvFunction)
+        feats = ConvFunction.apply(feats_in, weight, bias, p, True)
+    else:
+        weight = kernel_major_weight(weight, amp, x.feats.shape[1])
+        if torch.is_grad_enabled() and (feats_in.requires_grad or weight.requires_grad or
+                                        (bias is not None and bias.requires_grad)):
+            feats = ConvFunction.apply(feats_in, weight, bias, p)
+        else:  # nothing to differentiate: the same core call without an autograd node (host time)
+            feats = conv_forward(p, feats_in, weight, bias)
     if p.output.key == x.key:
         return x.replace_feats(feats)
     return SparseTensor._from_core(p.output, feats)
@@ -138,11 +144,14 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
 # torch's version counter (as they bypass autograd's own checks): after such a write, call
 # ``lattice.ops.conv.clear_weight_cache(weight)`` or use in-place ops on the weight itself.
 CACHE_WEIGHT_LAYOUTS = True
-# True (the default): CUDA weights that need a gradient reach the core in their dense layout and
-# the core permutes them on the device (see kernel_major_weight): no torch permute / copy and no
-# autograd nodes for them on every training call. Measured on the H200 (docs/performance.md,
-# "Where the host time of a training conv goes"): a MinkUNet42 autocast training step 40.5 ->
-# 36.7 ms in one process. False restores torch's permute (tests compare both).
+# True (the default): CUDA weights that need a gradient reach the core as they are -- dense or
+# kernel-major, and under torch.autocast in their float32 master dtype -- and the core makes the
+# kernel-major copy in the feature dtype in one device pass, saves it for the backward and returns
+# the weight gradient in the weight's own layout and dtype (see _core_prepares and ConvFunction):
+# no torch cast / permute / copy and none of their autograd nodes on every training call.
+# Measured on the H200 (docs/performance.md, "Where the host time of a training conv goes"): the
+# permutation alone took a MinkUNet42 autocast training step 40.5 -> 36.7 ms in one process. False
+# restores torch's cast and permute (tests compare both, bitwise).
 CORE_PERMUTES_TRAINING_WEIGHTS = True
 _CACHE_ATTR = "_lattice_kernel_major"
 
@@ -151,6 +160,22 @@ def clear_weight_cache(weight: torch.Tensor) -> None:
     """Drops the cached kernel-major copy of ``weight`` (see ``CACHE_WEIGHT_LAYOUTS``)."""
     if hasattr(weight, _CACHE_ATTR):
         delattr(weight, _CACHE_ATTR)
+
+
+def _core_prepares(weight: torch.Tensor, amp: Optional[torch.dtype], feats: torch.Tensor) -> bool:
+    """True for a CUDA weight that needs a gradient (training) when CORE_PERMUTES_TRAINING_WEIGHTS:
+    ConvFunction hands it to the core as it is, which makes the kernel-major copy in the feature
+    dtype (the permutation and, under autocast, torch's cast, in one device pass) and returns the
+    gradient in the weight's own layout and dtype. Only when the dtypes agree, or autocast would
+    cast the weight to the features' dtype (torch's rule: not float64); any other mismatch takes the
+    usual path, whose core call raises the dtype error."""
+    if not (CORE_PERMUTES_TRAINING_WEIGHTS and weight.is_cuda and weight.requires_grad and torch.is_grad_enabled()):
+        return False
+    if weight.dim() not in (3, 5):
+        return False
+    if weight.dtype == feats.dtype:
+        return True
+    return amp is not None and amp == feats.dtype and _autocast_eligible(weight, amp)
 
 
 def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: int) -> torch.Tensor:

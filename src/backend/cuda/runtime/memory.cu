@@ -1,5 +1,7 @@
 #include "backend/cuda/runtime/memory.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -372,6 +375,76 @@ void strided_copy(void* dst, const void* src, const std::int64_t* shape, const s
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
+// Element conversions of strided_convert: widening exact, narrowing round to nearest even.
+template <class D> __device__ __forceinline__ D convert_from(double v);
+template <> __device__ __forceinline__ double convert_from<double>(double v) { return v; }
+template <> __device__ __forceinline__ float convert_from<float>(double v) { return static_cast<float>(v); }
+template <class S> __device__ __forceinline__ double widen(S v) { return static_cast<double>(v); }
+template <> __device__ __forceinline__ double widen<__half>(__half v) { return static_cast<double>(__half2float(v)); }
+template <> __device__ __forceinline__ double widen<__nv_bfloat16>(__nv_bfloat16 v) {
+  return static_cast<double>(__bfloat162float(v));
+}
+// 16-bit targets are converted from f32 (contiguous_as admits f16 / bf16 / f32 sources for them):
+// the double holds that f32 exactly, so one rounding.
+template <> __device__ __forceinline__ __half convert_from<__half>(double v) {
+  return __float2half_rn(static_cast<float>(v));
+}
+template <> __device__ __forceinline__ __nv_bfloat16 convert_from<__nv_bfloat16>(double v) {
+  return __float2bfloat16_rn(static_cast<float>(v));
+}
+
+template <class D, class S>
+__global__ void strided_convert_kernel(D* dst, const S* src, StridedLayout l, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t rest = i, off = 0;
+    for (int d = l.ndim - 1; d >= 0; --d) {
+      const std::int64_t q = rest / l.shape[d];
+      off += (rest - q * l.shape[d]) * l.strides[d];
+      rest = q;
+    }
+    dst[i] = convert_from<D>(widen(src[off]));
+  }
+}
+
+template <class F>
+void with_float_type(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::f16: f(static_cast<__half*>(nullptr)); break;
+    case Dtype::bf16: f(static_cast<__nv_bfloat16*>(nullptr)); break;
+    case Dtype::f32: f(static_cast<float*>(nullptr)); break;
+    case Dtype::f64: f(static_cast<double*>(nullptr)); break;
+    default: LATTICE_ASSERT(false, "strided_convert: float dtypes only");
+  }
+}
+
+void strided_convert(void* dst, Dtype dst_dtype, const void* src, Dtype src_dtype, const std::int64_t* shape,
+                     const std::int64_t* strides, int ndim, int index) {
+  require_device(index);
+  DeviceGuard guard(index);
+  LATTICE_ASSERT(ndim >= 0 && ndim <= 8, "strided_convert: at most 8 axes");
+  StridedLayout l{};
+  l.ndim = ndim;
+  std::int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    l.shape[d] = shape[d];
+    l.strides[d] = strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return;
+  cudaStream_t s = stream_of(Device::cuda(index));
+  const std::int64_t want = (n + 255) / 256;
+  const unsigned blocks = static_cast<unsigned>(want < 65535 * 8 ? want : 65535 * 8);
+  with_float_type(dst_dtype, [&](auto* d_tag) {
+    using D = std::remove_pointer_t<decltype(d_tag)>;
+    with_float_type(src_dtype, [&](auto* s_tag) {
+      using S = std::remove_pointer_t<decltype(s_tag)>;
+      strided_convert_kernel<D, S><<<blocks, 256, 0, s>>>(static_cast<D*>(dst), static_cast<const S*>(src), l, n);
+    });
+  });
+  LATTICE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void register_cuda_allocator() {
@@ -383,6 +456,7 @@ void register_cuda_allocator() {
     a.zero = zero;
     a.copy = copy;
     a.strided_copy = strided_copy;
+    a.strided_convert = strided_convert;
     a.stats = [] { return pool().stats(); };
     a.empty_cache = [] { pool().empty_cache(); };
     register_device_allocator(DeviceType::cuda, std::move(a));
