@@ -187,9 +187,18 @@ QuantizedProblem conv_problem(const ConvPlan& plan, const Array& feats, const Ch
   p.relation = plan.kind;
   p.n_in = plan.relation->n_in;
   p.n_out = plan.relation->n_out;
-  p.n_edges = plan.relation->n_edges();
+  // Known from the geometry or an earlier pass, else -1 (no quantized route's admission reads
+  // it; counting would read back on a device on every call): explain_quantized_conv counts.
+  p.n_edges = plan.relation->known_edges();
   p.identity_relation = plan.relation->identity;
   return p;
+}
+
+// The routes that decode the whole weight to the activation dtype and then run the float route:
+// dequant_reference (the oracle) and cuda_decode_conv (the CUDA default: the float route is the
+// conv table's, tensor cores on sm_80+).
+bool decodes_then_float_route(RouteId id) {
+  return id == RouteId::quantized_dequant_reference || id == RouteId::quantized_cuda_decode_conv;
 }
 
 QuantizedProblem linear_problem(const Array& feats, const CheckedQuantized& w) {
@@ -279,7 +288,7 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
   const Array x = feats.contiguous();
   const Array b = check_bias(plan.op, bias, x, w.args.c_out);
   const RouteId id = choose(conv_problem(plan, x, w), policy);
-  if (id == RouteId::quantized_dequant_reference) {
+  if (decodes_then_float_route(id)) {
     const Array full = dequantize_checked(w, x.dtype(), x.device());
     return conv_forward(plan, x, full, b.defined() ? &b : nullptr);
   }
@@ -301,9 +310,11 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
 Explanation explain_quantized_conv(const ConvPlan& plan, const Array& feats, const QuantizedWeight& weight,
                                    const RoutePolicy& policy) {
   const CheckedQuantized w = check_conv(plan, feats, weight);
-  Explanation e = explain(conv_problem(plan, feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
-  // dequant_reference decodes the weight, then runs the float conv route this stage shows.
-  if (e.chosen == RouteId::quantized_dequant_reference)
+  QuantizedProblem p = conv_problem(plan, feats, w);
+  p.n_edges = plan.relation->n_edges();  // for people, off the hot path (one read-back when uncounted)
+  Explanation e = explain(p, backend::device_caps(), effective_policy(policy, "quantized"));
+  // dequant_reference / cuda_decode_conv decode the weight, then run the float conv route this stage shows.
+  if (e.chosen && decodes_then_float_route(*e.chosen))
     e.stages.push_back(explain_float_conv(plan, feats, w.args.c_out, ConvPass::forward));
   e.prior.push_back(explain_relation(plan));
   return e;
@@ -339,7 +350,7 @@ Array quantized_linear(const Array& feats, const QuantizedWeight& weight, const 
   const RouteId id = choose(linear_problem(x, w), policy);
   const std::int64_t n = x.dim(0);
   Array y = Array::empty({n, w.args.c_out}, x.dtype(), x.device());
-  if (id == RouteId::quantized_dequant_reference) {
+  if (decodes_then_float_route(id)) {
     // The float route of a dense matmul: pointwise_matmul on (1, C_in, C_out) = W^T.
     const Array full = dequantize_checked(w, x.dtype(), x.device());
     const bool on_cpu = x.device().is_cpu();
@@ -379,7 +390,7 @@ Explanation explain_quantized_linear(const Array& feats, const QuantizedWeight& 
   check_feats("linear", feats);
   const CheckedQuantized w = check_quantized("linear", weight, feats.dim(1), feats.device(), true, 1, Int3{1, 1, 1});
   Explanation e = explain(linear_problem(feats, w), backend::device_caps(), effective_policy(policy, "quantized"));
-  if (e.chosen == RouteId::quantized_dequant_reference) e.stages.push_back(explain_linear_float(feats, w));
+  if (e.chosen && decodes_then_float_route(*e.chosen)) e.stages.push_back(explain_linear_float(feats, w));
   return e;
 }
 

@@ -34,6 +34,14 @@ using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
 
+// src/backend/cuda/quantized/decode_conv.cpp
+Verdict admit_cuda_decode_conv(const QuantizedProblem& p, const DeviceCaps& caps) {
+  if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  if (p.dtype != Dtype::f32 && p.dtype != Dtype::f16 && p.dtype != Dtype::bf16)
+    return Verdict::no("needs float32, float16 or bfloat16 activations, got " + std::string(to_string(p.dtype)));
+  return Verdict::ok();
+}
+
 // src/backend/cuda/quantized/dequant_gemm.cu
 Verdict admit_cuda_dequant_gemm(const QuantizedProblem& p, const DeviceCaps& caps) {
   if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
@@ -65,13 +73,27 @@ Verdict admit_dequant_reference(const QuantizedProblem& p, const DeviceCaps& cap
   return needs_float(p.dtype);
 }
 
-constexpr std::array<RouteSpec<QuantizedProblem>, 3> kQuantizedRoutes{{
+constexpr std::array<RouteSpec<QuantizedProblem>, 4> kQuantizedRoutes{{
+    {{.id = RouteId::quantized_cuda_decode_conv,
+      .family = "quantized",
+      .name = "cuda_decode_conv",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 0,
+      .kernels = "cuda::quantized_cuda_dequantize",
+      .files = {{{"src/backend/cuda/quantized/decode_conv.cpp",
+          "CUDA device (any tier, classic or above); float32, float16 or bfloat16 "
+          "activations; any relation kind (and linear), any kernel volume, edge count and channel counts; "
+          "bits 4 / 8, group 32 / 64 / 128, scales f16 / bf16 / f32. Forward only. Deterministic: the "
+          "decoded weight is dequantize_weight()'s, bit for bit, and the float route that runs on it is "
+          "deterministic."}}}},
+     admit_cuda_decode_conv},
     {{.id = RouteId::quantized_cuda_dequant_gemm,
       .family = "quantized",
       .name = "cuda_dequant_gemm",
       .device = "cuda",
       .tier = GpuTier::classic,
-      .rank = 0,
+      .rank = 1,
       .kernels = "cuda::quantized_cuda_dequant_gemm_forward cuda::quantized_cuda_dequantize",
       .files = {{{"src/backend/cuda/quantized/dequant_gemm.cu",
           "CUDA device (any tier, classic or above); float32, float16 or bfloat16 "

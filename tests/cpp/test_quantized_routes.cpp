@@ -45,9 +45,10 @@ TEST(QuantizedRoutes, FusedPreferredForF32F16BF16) {
     const Explanation e = explain(problem(d), caps_with("blis-serial"));
     ASSERT_TRUE(e.chosen);
     EXPECT_EQ(*e.chosen, RouteId::quantized_fused_dequant_gemm);
-    ASSERT_EQ(e.rows.size(), 3u);
+    ASSERT_EQ(e.rows.size(), 4u);
     EXPECT_TRUE(e.row(RouteId::quantized_dequant_reference)->verdict.admitted);
     EXPECT_FALSE(e.row(RouteId::quantized_cuda_dequant_gemm)->verdict.admitted);  // CPU data
+    EXPECT_FALSE(e.row(RouteId::quantized_cuda_decode_conv)->verdict.admitted);
   }
 }
 
@@ -87,8 +88,9 @@ TEST(QuantizedRoutes, CudaDeviceChoosesCudaDequantGemm) {
     p.device = Device::cuda(0);
     const Explanation e = explain(p, caps);
     ASSERT_TRUE(e.chosen);
-    EXPECT_EQ(*e.chosen, RouteId::quantized_cuda_dequant_gemm);
-    EXPECT_EQ(e.rows.front().id, RouteId::quantized_cuda_dequant_gemm);
+    EXPECT_EQ(*e.chosen, RouteId::quantized_cuda_decode_conv);  // the tensor-core default (issue 19)
+    EXPECT_EQ(e.rows.front().id, RouteId::quantized_cuda_decode_conv);
+    EXPECT_TRUE(e.row(RouteId::quantized_cuda_dequant_gemm)->verdict.admitted);
     EXPECT_TRUE(e.row(RouteId::quantized_dequant_reference)->verdict.admitted);
     EXPECT_NE(e.row(RouteId::quantized_fused_dequant_gemm)->verdict.reason.find("runs on cpu"), std::string::npos);
   }
@@ -97,6 +99,7 @@ TEST(QuantizedRoutes, CudaDeviceChoosesCudaDequantGemm) {
   const Explanation e64 = explain(p64, caps);
   EXPECT_FALSE(e64.chosen);
   EXPECT_NE(e64.row(RouteId::quantized_cuda_dequant_gemm)->verdict.reason.find("float64"), std::string::npos);
+  EXPECT_NE(e64.row(RouteId::quantized_cuda_decode_conv)->verdict.reason.find("float64"), std::string::npos);
   // CPU data never runs the CUDA route
   const Explanation cpu = explain(problem(Dtype::f32), caps);
   EXPECT_EQ(*cpu.chosen, RouteId::quantized_fused_dequant_gemm);

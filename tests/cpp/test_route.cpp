@@ -466,7 +466,7 @@ TEST(RelationRoutes, PriorDecisionsRenderFirst) {
 TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
   const auto& rows = route_table();
   // RouteId values are contiguous from 0; the last one declared closes the range.
-  const int n_ids = static_cast<int>(RouteId::dequantize_cuda) + 1;
+  const int n_ids = static_cast<int>(RouteId::quantized_cuda_decode_conv) + 1;
   EXPECT_EQ(rows.size(), static_cast<std::size_t>(n_ids));
   for (int i = 0; i < n_ids; ++i) {
     const auto id = static_cast<RouteId>(i);

@@ -100,7 +100,7 @@ ROUTES = {
     "coords": ("cuda", "reference"),
     "quantize": ("cuda", "reference"),
     "point_voxel": ("cuda", "parallel", "reference"),
-    "quantized": ("cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"),
+    "quantized": ("cuda_decode_conv", "fused_dequant_gemm", "cuda_dequant_gemm", "dequant_reference"),
     "relation": ("cuda_hash", "cpu_hash"),
     "pool_edges": ("cuda", "reference"),
     "point_index": ("cuda", "reference"),
@@ -210,6 +210,10 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
         *[(r, ALL, ALL, ALL, _every_tier(_ON_CPU)) for r in CPU_ROUTES["point_voxel"]],
     ],
     "quantized": [
+        # decode_conv.cpp: f32 / f16 / bf16 activations (the device decode, then the float route)
+        ("cuda_decode_conv", ALL, ("f32", "f16", "bf16"), ALL, _every_tier(ADMITTED)),
+        ("cuda_decode_conv", ALL, ("f64",), ALL,
+         _every_tier(Rejected("needs float32, float16 or bfloat16 activations, got float64"))),
         # dequant_gemm.cu: f32 / f16 / bf16 activations
         ("cuda_dequant_gemm", ALL, ("f32", "f16", "bf16"), ALL, _every_tier(ADMITTED)),
         ("cuda_dequant_gemm", ALL, ("f64",), ALL,

@@ -1,10 +1,11 @@
-"""Packed int4/int8 weights on CUDA (issue 7: the dequant-in-kernel route ``cuda_dequant_gemm``).
+"""Packed int4/int8 weights on CUDA (issue 7: ``cuda_dequant_gemm``; issue 19: ``cuda_decode_conv``).
 
 The contract on the device: op(X, Q) on cuda ~= op(X, dequantize_weight(Q)) on the CPU, within
 f32 1e-5 / f16 2e-3 / bf16 1e-2 norm-wise and element-wise (``cuda_admission.compare``, which names the
 worst row), for every relation kind, both layouts,
-bits 4 / 8, groups 32 / 64 / 128, for ``cuda_dequant_gemm`` (the default on cuda) and
-``dequant_reference`` (device decode + the float CUDA conv route); repeated runs bitwise equal;
+bits 4 / 8, groups 32 / 64 / 128, for ``cuda_decode_conv`` (the default on cuda: device decode + the
+float conv route, bitwise ``dequant_reference``'s result), ``cuda_dequant_gemm`` (decode inside a SIMT
+kernel) and ``dequant_reference``; repeated runs bitwise equal;
 ``explain()`` of every case equals the admission table (cuda_admission.py) for the device's tier;
 mixed devices are a ValueError. Everything here needs a CUDA device and lattice's CUDA backend and
 is skipped with "no GPU" otherwise, the only skip (the CPU routes are covered by
@@ -24,7 +25,7 @@ from lattice import QuantizedWeight, dequantize_weight, quantize_weight
 pytestmark = adm.needs_gpu()  # the only skip: "no GPU" (no CUDA device, or lattice built without CUDA)
 DEV = torch.device("cuda", 0)
 
-ROUTES = ["cuda_dequant_gemm", "dequant_reference"]
+ROUTES = ["cuda_decode_conv", "cuda_dequant_gemm", "dequant_reference"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # relation kind -> (op, kernel size, kwargs, input: "fine" or "coarse", target: None / "fine" / "coarse")
@@ -133,17 +134,19 @@ def test_cuda_quantized_conv_matches_cpu_float_conv_on_dequantized_weight(kind, 
         x = x.replace_feats(x.feats.to(dtype))
         xd = x.to(DEV)
         ref = _call(kind, x, dequantize_weight(q).to(dtype), bias.to(dtype), fine=fine, coarse=coarse)
-        assert _check_admission(kind, xd, qd, fine=fine_d, coarse=coarse_d) == "cuda_dequant_gemm"
+        assert _check_admission(kind, xd, qd, fine=fine_d, coarse=coarse_d) == "cuda_decode_conv"
         for route in ROUTES:
             _check_admission(kind, xd, qd, route, fine=fine_d, coarse=coarse_d)
             y = _call(kind, xd, qd, bias.to(dtype).to(DEV), route=route, fine=fine_d, coarse=coarse_d)
             assert y.feats.device == xd.feats.device and y.feats.dtype == dtype
             assert torch.equal(y.coords.cpu(), ref.coords) and y.stride == ref.stride
             _close(y.feats, ref.feats, dtype, f"{kind} {layout} int{bits} g{group} {dtype} {route}")
-        # the default route on cuda is the dequant-in-kernel one; it is deterministic
+        # the default route on cuda decodes the weight and runs the float route: deterministic, and
+        # bitwise dequant_reference's result (the same decoder, the same float route after it)
         y1 = _call(kind, xd, qd, None, fine=fine_d, coarse=coarse_d).feats
-        y2 = _call(kind, xd, qd, None, route="cuda_dequant_gemm", fine=fine_d, coarse=coarse_d).feats
-        assert torch.equal(y1, y2)
+        y2 = _call(kind, xd, qd, None, route="cuda_decode_conv", fine=fine_d, coarse=coarse_d).feats
+        y3 = _call(kind, xd, qd, None, route="dequant_reference", fine=fine_d, coarse=coarse_d).feats
+        assert torch.equal(y1, y2) and torch.equal(y1, y3)
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
@@ -194,12 +197,14 @@ def test_cuda_explain_names_the_route():
     q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 42), bits=4)
     xd, qd = fine.to(DEV), _to(q, DEV)
     e = lattice.explain("subm_conv3d", xd, qd)
-    assert e.chosen == "cuda_dequant_gemm"
-    assert [r["route"] for r in e.rows] == ["cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"]
+    assert e.chosen == "cuda_decode_conv"
+    assert [r["route"] for r in e.rows] == ["cuda_decode_conv", "fused_dequant_gemm", "cuda_dequant_gemm",
+                                            "dequant_reference"]
+    assert "implicit_gemm_sm80" in str(e) or "gather_gemm_scatter" in str(e)  # the float stage after the decode
     assert "runs on cpu" in [r for r in e.rows if r["route"] == "fused_dequant_gemm"][0]["reason"]
     assert lattice.explain("subm_conv3d", xd, qd, route="dequant_reference").chosen == "dequant_reference"
     ql = _to(quantize_weight(torch.randn(C_OUT, C_IN), bits=8), DEV)
-    assert lattice.explain("linear", xd, ql).chosen == "cuda_dequant_gemm"
+    assert lattice.explain("linear", xd, ql).chosen == "cuda_decode_conv"
     # CPU data never takes the CUDA route
     assert lattice.explain("subm_conv3d", fine, q).chosen == "fused_dequant_gemm"
     # float64 on cuda: no quantized route (float64 runs on cpu): the table's rejections, and the call

@@ -215,15 +215,16 @@ def test_explain_lists_both_quantized_routes_and_forced_route():
     fine, _ = _tensors(C_IN, seed=41)
     q = quantize_weight(_weight("dense_5d", 3, C_IN, C_OUT, 42), bits=4)
     e = lattice.explain("subm_conv3d", fine, q)
-    assert [r["route"] for r in e.rows] == ["cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference"]
+    assert [r["route"] for r in e.rows] == ["cuda_decode_conv", "fused_dequant_gemm", "cuda_dequant_gemm",
+                                            "dequant_reference"]
     assert e.chosen == "fused_dequant_gemm" and all(r["admitted"] for r in e.rows if r["route"] in ROUTES)
-    assert "runs on cuda" in e.rows[0]["reason"]  # CPU data: the CUDA route is listed, rejected
+    assert "runs on cuda" in e.rows[0]["reason"] and "runs on cuda" in e.rows[2]["reason"]  # CPU data: the CUDA routes are listed, rejected
     assert "int4 weight" in str(e) and "dequant_reference" in str(e)
     e2 = lattice.explain("subm_conv3d", fine, q, route="dequant_reference")
     assert e2.chosen == "dequant_reference"
     ql = quantize_weight(torch.randn(C_OUT, C_IN), bits=8)
     el = lattice.explain("linear", fine, ql)
-    assert el.chosen == "fused_dequant_gemm" and len(el.rows) == 3
+    assert el.chosen == "fused_dequant_gemm" and len(el.rows) == 4
     # float64 activations: only dequant_reference is admitted
     x64 = fine.replace_feats(fine.feats.double())
     e64 = lattice.explain("subm_conv3d", x64, q)
@@ -398,8 +399,8 @@ def test_quantized_validation_errors():
         lattice.ops.subm_conv3d(narrow, q5)
     with pytest.raises(ValueError, match=r"\[linear\] weight: expected logical shape \(C_out, C_in=16\), got \(24, 40\)"):
         lattice.ops.linear(narrow, ql)
-    with pytest.raises(ValueError, match=r"\[subm_conv3d\] route: expected one of 'cuda_dequant_gemm', "
-                                         r"'fused_dequant_gemm', 'dequant_reference', got 'reference'$"):
+    with pytest.raises(ValueError, match=r"\[subm_conv3d\] route: expected one of 'cuda_decode_conv', 'fused_dequant_gemm', "
+                                         r"'cuda_dequant_gemm', 'dequant_reference', got 'reference'$"):
         lattice.ops.subm_conv3d(fine, q5, route="reference")
     with pytest.raises(ValueError, match=r"\[linear\] route: expected None for a float weight"):
         lattice.ops.linear(fine, torch.randn(C_OUT, C_IN), route="fused_dequant_gemm")

@@ -49,6 +49,7 @@ enum class RouteId {
   point_index_cuda,
   dequantize_reference,
   dequantize_cuda,
+  quantized_cuda_decode_conv,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text

@@ -250,7 +250,7 @@ def conv3d(
         expand: spconv-style output growth (no target only).
         route: force a route by name ("reference", "gather_gemm_scatter", ...); raises when the
             route is not admitted for this problem.
-            With a QuantizedWeight: "fused_dequant_gemm", "cuda_dequant_gemm" or "dequant_reference".
+            With a QuantizedWeight: "fused_dequant_gemm", "cuda_decode_conv", "cuda_dequant_gemm" or "dequant_reference".
     """
     kind = "target" if coordinates is not None else "forward"
     p = plan("conv3d", kind, input, weight, kernel_size=kernel_size, stride=stride, padding=padding,

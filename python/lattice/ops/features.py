@@ -107,7 +107,7 @@ def linear(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     """``feats @ weight^T + bias`` per row (``torch.nn.functional.linear``); weight (C_out, C_in).
 
     ``weight`` may be a ``lattice.QuantizedWeight`` of layout ``linear`` (inference only; routes
-    ``fused_dequant_gemm`` / ``cuda_dequant_gemm`` / ``dequant_reference``, chosen by ``route`` or
+    ``fused_dequant_gemm`` / ``cuda_decode_conv`` / ``cuda_dequant_gemm`` / ``dequant_reference``, chosen by ``route`` or
     the route table, see ``lattice.ops.quantized``). A float weight runs torch's dense kernel (``route`` must be None).
     """
     x = _check("linear", input)

@@ -8,9 +8,14 @@ of float16 / bfloat16 / float32 independently of the activations.
 
 Routes (family ``quantized``, shown by ``lattice.explain``):
 
-* ``cuda_dequant_gemm`` (CUDA, preferred there): an implicit-GEMM kernel that decodes each
+* ``cuda_decode_conv`` (CUDA, preferred there): the whole weight decoded on the device to a
+  transient array of the activation dtype, then the float conv route of the conv table on it
+  (``implicit_gemm_sm80``'s tensor cores for float16 / bfloat16 on sm_80+: the kernels of an f16
+  model). The transient array returns to the pool after the call.
+* ``cuda_dequant_gemm`` (CUDA, when forced): a SIMT implicit-GEMM kernel that decodes each
   (16 input channels x 64 output channels) slice of W[k] into shared memory inside the kernel
-  (f32 accumulation, deterministic): no dequantized copy of the weight in device memory.
+  (f32 accumulation, deterministic): no dequantized copy of the weight in device memory, but
+  an order of magnitude slower than the tensor-core route on an H200.
 * ``fused_dequant_gemm`` (CPU, preferred): the gather / GEMM / scatter loop of the float
   ``gather_gemm_scatter`` route with W decoded tile by tile (per offset, a block of C_in rows x
   C_out) into a per-thread buffer: no dequantized copy of the whole weight per call.
@@ -34,7 +39,7 @@ from .._core import core, from_core, optional_core, to_core
 from .._device import check_device
 from ..quantize import QuantizedWeight
 
-ROUTES = ("cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference")
+ROUTES = ("cuda_decode_conv", "cuda_dequant_gemm", "fused_dequant_gemm", "dequant_reference")
 
 
 def is_quantized(weight: Any) -> bool:

@@ -23,13 +23,15 @@ namespace {
 
 using qdetail::PackedWeight;
 
-template <class T, class S>
-__global__ void dequantize_kernel(PackedWeight w, std::int64_t n, T* __restrict__ out) {
-  const std::int64_t per_k = w.c_in * w.c_out;
-  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < n;
-       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t k = j / per_k, rem = j % per_k;
-    const std::int64_t ci = rem / w.c_out, co = rem % w.c_out;
+template <class T, class S, class I>
+__global__ void dequantize_kernel(PackedWeight w, I n, T* __restrict__ out) {
+  // I = int when every index fits in 31 bits (every weight of a 3-D network: 64-bit division is
+  // tens of instructions per element), else std::int64_t; the same elements either way.
+  const I per_k = static_cast<I>(w.c_in * w.c_out), c_out = static_cast<I>(w.c_out);
+  for (I j = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); j < n;
+       j += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I k = j / per_k, rem = j - k * per_k;
+    const I ci = rem / c_out, co = rem - ci * c_out;
     const float v = qdetail::decode<T, S>(w, k, ci, co);  // already a value of T (f16 / bf16)
     out[j] = dev_store<T>(static_cast<Accum<T>>(v));
   }
@@ -45,7 +47,14 @@ void dequantize(const DequantizeArgs& a) {
   cudaStream_t s = stream_of(a.device);
   constexpr int threads = 256;
   const unsigned blocks = blocks_for(n, threads) > 65535u * 8u ? 65535u * 8u : blocks_for(n, threads);
-  dequantize_kernel<T, S><<<blocks, threads, 0, s>>>(qdetail::packed_weight(wa), n, static_cast<T*>(a.out));
+  // 32-bit indices when n plus one grid span fits in an int (so j never overflows)
+  const std::int64_t grid_span = static_cast<std::int64_t>(blocks) * threads;
+  if (n + grid_span < (std::int64_t{1} << 31))
+    dequantize_kernel<T, S, int><<<blocks, threads, 0, s>>>(qdetail::packed_weight(wa), static_cast<int>(n),
+                                                             static_cast<T*>(a.out));
+  else
+    dequantize_kernel<T, S, std::int64_t><<<blocks, threads, 0, s>>>(qdetail::packed_weight(wa), n,
+                                                                      static_cast<T*>(a.out));
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
