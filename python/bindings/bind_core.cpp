@@ -62,12 +62,12 @@ void bind_core(py::module_& m) {
       .def("built_views", [](const Relation& r) {
         const unsigned v = r.built_views();
         py::list names;
-        const std::pair<Relation::View, const char*> all[] = {
-            {Relation::kGemmMap, "gemm_map"}, {Relation::kEdgeList, "edge_list"}, {Relation::kOutPtr, "out_ptr"},
-            {Relation::kOffsetGrouping, "offset_grouping"}, {Relation::kRowMasks, "row_masks"},
-            {Relation::kInputGrouping, "input_grouping"}, {Relation::kInputGemmMap, "input_gemm_map"},
-            {Relation::kGemmOrder, "gemm_order"}, {Relation::kInputGemmOrder, "input_gemm_order"},
-            {Relation::kEdgeCount, "edge_count"}};
+        const std::pair<RelationView, const char*> all[] = {
+            {kViewGemmMap, "gemm_map"}, {kViewEdgeList, "edge_list"}, {kViewOutPtr, "out_ptr"},
+            {kViewOffsetGrouping, "offset_grouping"}, {kViewRowMasks, "row_masks"},
+            {kViewInputGrouping, "input_grouping"}, {kViewInputGemmMap, "input_gemm_map"},
+            {kViewGemmOrder, "gemm_order"}, {kViewInputGemmOrder, "input_gemm_order"},
+            {kViewEdgeCount, "edge_count"}, {kViewHostKPtr, "host_k_ptr"}};
         for (const auto& [bit, name] : all)
           if (v & bit) names.append(name);
         return names;

@@ -126,35 +126,35 @@ backend::RelationView relation_view(const Relation& r, unsigned reads) {
   v.known_edges = r.known_edges();
   // The per-offset grouping first: for an uncounted relation it finds the count and the host
   // bounds in one read-back, which the count and host_k_ptr below then reuse.
-  if (reads & kRelationReadOffsetGrouping) {
+  if (reads & kViewOffsetGrouping) {
     v.k_ptr = r.k_ptr().data<std::int64_t>();
     v.k_in = r.k_in().data<std::int32_t>();
     v.k_out = r.k_out().data<std::int32_t>();
   }
-  if (reads & kRelationReadCount) v.n_edges = r.n_edges();
-  if (reads & kRelationReadEdgeList) {
+  if (reads & kViewEdgeCount) v.n_edges = r.n_edges();
+  if (reads & kViewEdgeList) {
     v.in_idx = r.in_idx().data<std::int32_t>();
     v.out_idx = r.out_idx().data<std::int32_t>();
     v.k_idx = r.k_idx().data<std::int32_t>();
   }
-  if (reads & kRelationReadOutPtr) v.out_ptr = r.out_ptr().data<std::int64_t>();
-  if (reads & kRelationReadHostKPtr) {
+  if (reads & kViewOutPtr) v.out_ptr = r.out_ptr().data<std::int64_t>();
+  if (reads & kViewHostKPtr) {
     v.host_k_ptr_owner = &r;
     v.host_k_ptr_of = [](const void* owner) { return static_cast<const Relation*>(owner)->host_k_ptr().data(); };
   }
-  if (reads & kRelationReadInputGrouping) {
+  if (reads & kViewInputGrouping) {
     const Relation::InputGrouping& g = r.input_grouping();
     v.in_ptr = g.in_ptr.data<std::int64_t>();
     v.kt_in = g.kt_in.data<std::int32_t>();
     v.kt_out = g.kt_out.data<std::int32_t>();
   }
-  if (reads & kRelationReadGemmMap) v.gemm_map = r.gemm_map().data<std::int32_t>();
-  if (reads & kRelationReadGemmOrder) {
+  if (reads & kViewGemmMap) v.gemm_map = r.gemm_map().data<std::int32_t>();
+  if (reads & kViewGemmOrder) {
     const Array& order = r.gemm_order();
     if (order.defined()) v.gemm_order = order.data<std::int32_t>();
   }
-  if (reads & kRelationReadInputGemmMap) v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
-  if (reads & kRelationReadInputGemmOrder) {
+  if (reads & kViewInputGemmMap) v.input_gemm_map = r.input_gemm_map().data<std::int32_t>();
+  if (reads & kViewInputGemmOrder) {
     const Array& order = r.input_gemm_order();
     if (order.defined()) v.input_gemm_order = order.data<std::int32_t>();
   }

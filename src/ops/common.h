@@ -64,7 +64,7 @@ PlannedRelation plan_relation(std::string_view op, RelationKind kind,
                               const std::shared_ptr<CoordinateSet>& x, const KernelSpec& requested,
                               const std::shared_ptr<CoordinateSet>& target);
 
-// The kernels' view of a relation (non-owning pointers into its arrays): the views of `r` named by `reads` (bits of RelationRead; conv_relation_reads(route, pass) for a
+// The kernels' view of a relation (non-owning pointers into its arrays): the views of `r` named by `reads` (RelationView bits, lattice/core/vocab.h; conv_relation_reads(route, pass) for a
 // conv route), built on first use; every other field of the view stays null / 0.
 backend::RelationView relation_view(const Relation& r, unsigned reads);
 

@@ -296,7 +296,7 @@ Array quantized_conv_forward(const ConvPlan& plan, const Array& feats, const Qua
   Array y = Array::empty({plan.relation->n_out, w.args.c_out}, x.dtype(), x.device());
   backend::QuantizedConvArgs a;
   a.dtype = x.dtype();
-  a.rel = relation_view(*plan.relation, kRelationReadAll);  // packed-weight routes: every view
+  a.rel = relation_view(*plan.relation, kViewAll);  // packed-weight routes: every view
   a.w = w.args;
   a.x = x.raw_data();
   a.bias = b.defined() ? b.raw_data() : nullptr;

@@ -121,44 +121,40 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
 // else; bias gradients read n_out alone). A field missing here is null in the view, so a CPU
 // route that read more would fail in every CPU conv test; the CUDA rows are checked by the CUDA
 // parity suite.
-constexpr unsigned kCount = kRelationReadCount;
-constexpr unsigned kEdgeList = kRelationReadEdgeList;
-constexpr unsigned kOutPtr = kRelationReadOutPtr;
-constexpr unsigned kGrouping = kRelationReadOffsetGrouping;
 unsigned relation_reads(RouteId route, ConvPass pass) {
   switch (route) {
     case RouteId::conv_pointwise_matmul:  // the identity flag and the row counts only
       return 0;
     case RouteId::conv_gather_gemm_scatter:  // gather_gemm_scatter.cpp
       switch (pass) {
-        case ConvPass::forward: return kCount | kOutPtr | kGrouping;
-        case ConvPass::input_grad: return kCount | kGrouping | kRelationReadInputGrouping;
-        case ConvPass::weight_grad: return kCount | kGrouping;
+        case ConvPass::forward: return kViewEdgeCount | kViewOutPtr | kViewOffsetGrouping;
+        case ConvPass::input_grad: return kViewEdgeCount | kViewOffsetGrouping | kViewInputGrouping;
+        case ConvPass::weight_grad: return kViewEdgeCount | kViewOffsetGrouping;
       }
       break;
     case RouteId::conv_implicit_gemm_sm80:  // implicit_gemm_sm80.cu
       switch (pass) {
         // The map and its tile order alone (the count is not read: 0 in the view; the tile
         // shape uses known_edges when the relation already knows it).
-        case ConvPass::forward: return kRelationReadGemmMap | kRelationReadGemmOrder;
+        case ConvPass::forward: return kViewGemmMap | kViewGemmOrder;
         // The input-side map and its order (the count decides the all-zero shortcut).
-        case ConvPass::input_grad: return kCount | kRelationReadInputGemmMap | kRelationReadInputGemmOrder;
-        case ConvPass::weight_grad: return kCount | kGrouping;
+        case ConvPass::input_grad: return kViewEdgeCount | kViewInputGemmMap | kViewInputGemmOrder;
+        case ConvPass::weight_grad: return kViewEdgeCount | kViewOffsetGrouping;
       }
       break;
     case RouteId::conv_cuda_gather_gemm_scatter:  // gather_gemm_scatter.cu: per-offset GEMMs
-      return kCount | kGrouping | kRelationReadHostKPtr;
+      return kViewEdgeCount | kViewOffsetGrouping | kViewHostKPtr;
     case RouteId::conv_reference:  // reference.cpp
       switch (pass) {
-        case ConvPass::forward: return kOutPtr | kEdgeList;
-        case ConvPass::input_grad: return kCount | kEdgeList;
-        case ConvPass::weight_grad: return kCount | kGrouping;
+        case ConvPass::forward: return kViewOutPtr | kViewEdgeList;
+        case ConvPass::input_grad: return kViewEdgeCount | kViewEdgeList;
+        case ConvPass::weight_grad: return kViewEdgeCount | kViewOffsetGrouping;
       }
       break;
     default:
       break;
   }
-  return kRelationReadAll;
+  return kViewAll;
 }
 
 }  // namespace

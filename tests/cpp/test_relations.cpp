@@ -529,28 +529,28 @@ TEST(RelationViews, SubmanifoldBuildStoresTheMapAloneAndBuildsViewsOnRequest) {
   auto x = make_set(random_cloud(rng, 4000, 2, 14));
   auto [rel, out] = relate(x, RelationKind::submanifold, spec_of(cube(3)));
   const std::int64_t n = rel->n_out;
-  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap});
+  EXPECT_EQ(rel->built_views(), unsigned{kViewGemmMap});
   EXPECT_EQ(rel->known_edges(), -1);
   EXPECT_EQ(rel->view_bytes(), n * 27 * 4);
 
   rel->gemm_map();
   ASSERT_TRUE(rel->gemm_order().defined());
-  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap | Relation::kGemmOrder});
+  EXPECT_EQ(rel->built_views(), unsigned{kViewGemmMap | kViewGemmOrder});
   EXPECT_EQ(rel->view_bytes(), n * 27 * 4 + n * 4);
   EXPECT_EQ(rel->known_edges(), -1);  // still uncounted: the forward never needs the count
 
   // The per-offset grouping finds the count itself and keeps the host bounds with it.
   const auto k_ptr = values<std::int64_t>(rel->k_ptr());
-  EXPECT_EQ(rel->built_views() & Relation::kEdgeList, 0u);
-  EXPECT_NE(rel->built_views() & Relation::kEdgeCount, 0u);
+  EXPECT_EQ(rel->built_views() & kViewEdgeList, 0u);
+  EXPECT_NE(rel->built_views() & kViewEdgeCount, 0u);
   EXPECT_EQ(rel->known_edges(), k_ptr.back());
   EXPECT_EQ(rel->host_k_ptr(), k_ptr);
   const std::int64_t grouped = n * 27 * 4 + n * 4 + 28 * 8 + 2 * 4 * rel->n_edges();
   EXPECT_EQ(rel->view_bytes(), grouped);
 
   rel->in_idx();  // the output-major list, with its row pointer
-  EXPECT_NE(rel->built_views() & Relation::kEdgeList, 0u);
-  EXPECT_NE(rel->built_views() & Relation::kOutPtr, 0u);
+  EXPECT_NE(rel->built_views() & kViewEdgeList, 0u);
+  EXPECT_NE(rel->built_views() & kViewOutPtr, 0u);
   EXPECT_EQ(rel->view_bytes(), grouped + 3 * 4 * rel->n_edges() + (n + 1) * 8);
   expect_consistent(*rel);
 }
@@ -572,24 +572,24 @@ TEST(RelationViews, ImplicitGemmViewsHoldWhatEachPassReads) {
   EXPECT_EQ(fwd.k_ptr, nullptr);
   EXPECT_EQ(fwd.out_ptr, nullptr);
   EXPECT_EQ(fwd.input_gemm_map, nullptr);
-  EXPECT_EQ(rel->built_views(), unsigned{Relation::kGemmMap | Relation::kGemmOrder});
+  EXPECT_EQ(rel->built_views(), unsigned{kViewGemmMap | kViewGemmOrder});
 
   const backend::RelationView dw =
       ops::relation_view(*rel, conv_relation_reads(RouteId::conv_implicit_gemm_sm80, ConvPass::weight_grad));
   EXPECT_EQ(dw.n_edges, rel->n_edges());
   EXPECT_NE(dw.k_ptr, nullptr);
   EXPECT_EQ(dw.input_gemm_map, nullptr);
-  EXPECT_EQ(rel->built_views() & (Relation::kInputGemmMap | Relation::kInputGrouping), 0u);
+  EXPECT_EQ(rel->built_views() & (kViewInputGemmMap | kViewInputGrouping), 0u);
   const backend::RelationView dx =
       ops::relation_view(*rel, conv_relation_reads(RouteId::conv_implicit_gemm_sm80, ConvPass::input_grad));
   EXPECT_EQ(dx.input_gemm_map, rel->input_gemm_map().data<std::int32_t>());
   EXPECT_EQ(dx.in_ptr, nullptr);  // the input grouping is for the CPU gather route only
-  EXPECT_EQ(rel->built_views() & Relation::kInputGrouping, 0u);
+  EXPECT_EQ(rel->built_views() & kViewInputGrouping, 0u);
   // Neither backward pass reads the output-major edge list (12 bytes per edge).
   EXPECT_EQ(dw.in_idx, nullptr);
   EXPECT_EQ(dx.in_idx, nullptr);
   EXPECT_EQ(dx.n_edges, rel->n_edges());
-  EXPECT_EQ(rel->built_views() & Relation::kEdgeList, 0u);
+  EXPECT_EQ(rel->built_views() & kViewEdgeList, 0u);
   // Every view carries the count the relation already knows, as a hint.
   EXPECT_EQ(fwd.known_edges, -1);
   EXPECT_EQ(dx.known_edges, rel->n_edges());
@@ -631,7 +631,7 @@ TEST(RelationViews, GeometryHintsKnowTheCountWithoutAnyView) {
   EXPECT_EQ(one->known_edges(), x->size());
   auto [down, down_out] = relate(x, RelationKind::forward, spec_of(cube(2), cube(2)));
   EXPECT_EQ(down->known_edges(), x->size());
-  EXPECT_EQ(down->built_views(), unsigned{Relation::kGemmMap | Relation::kEdgeCount});
+  EXPECT_EQ(down->built_views(), unsigned{kViewGemmMap | kViewEdgeCount});
   expect_consistent(*down);
 }
 
@@ -648,7 +648,7 @@ TEST(RelationViews, TransposeSharesTheForwardMaps) {
   EXPECT_EQ(back->gemm_map().raw_data(), fwd->input_gemm_map().raw_data());
   EXPECT_EQ(back->input_gemm_map().raw_data(), fwd->gemm_map().raw_data());
   EXPECT_EQ(back->known_edges(), fwd->known_edges());
-  EXPECT_EQ(back->built_views() & (Relation::kEdgeList | Relation::kOffsetGrouping), 0u);
+  EXPECT_EQ(back->built_views() & (kViewEdgeList | kViewOffsetGrouping), 0u);
   // Hashed directly from a fresh copy of the coarse rows (no cached forward to transpose).
   auto hashed_in = make_set(rows_of(*coarse), coarse->stride());
   auto [hashed, hashed_out] = relate(hashed_in, RelationKind::transposed_target, spec, fine);

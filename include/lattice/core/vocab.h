@@ -74,6 +74,24 @@ std::string_view to_string(PoolMode mode);
 enum class Join { inner, left, right, outer };
 std::string_view to_string(Join join);
 enum class AlgebraOp { add, sub, mul, maximum, minimum, cat };
+
+// The views of a relation (lattice/tensor/relation.h "Views"), as bits -- one set for what a
+// Relation has built (Relation::built_views) and for what a route reads in one pass
+// (conv_relation_reads beside the conv route table; ops::relation_view builds exactly those).
+enum RelationView : unsigned {
+  kViewEdgeCount = 1u << 0,       // n_edges known (no storage)
+  kViewEdgeList = 1u << 1,        // in_idx, out_idx, k_idx
+  kViewOutPtr = 1u << 2,          // CSR pointer of the output rows
+  kViewOffsetGrouping = 1u << 3,  // k_ptr, k_in, k_out
+  kViewHostKPtr = 1u << 4,        // k_ptr on the host (host memory)
+  kViewInputGrouping = 1u << 5,   // in_ptr, kt_in, kt_out
+  kViewGemmMap = 1u << 6,         // the N_out x K map (always built: the stored form)
+  kViewGemmOrder = 1u << 7,       // output rows in offset-mask order (tile order)
+  kViewInputGemmMap = 1u << 8,    // the N_in x K map of the transposed relation
+  kViewInputGemmOrder = 1u << 9,  // its rows in offset-mask order
+  kViewRowMasks = 1u << 10,       // per-row offset masks (built for the orders; no route reads them)
+  kViewAll = (1u << 11) - 1,
+};
 std::string_view to_string(AlgebraOp op);
 
 }  // namespace lattice

@@ -32,22 +32,6 @@ struct ConvProblem {
 };
 std::string to_string(const ConvProblem& problem);
 
-// The views of a relation that a route reads in one pass (backend::RelationView's fields),
-// as bits: ops::relation_view fills exactly these, so the relation builds nothing else for the
-// pass (lattice/tensor/relation.h "Views"). kRelationReadCount: the edge count itself.
-enum RelationRead : unsigned {
-  kRelationReadCount = 1u << 0,
-  kRelationReadEdgeList = 1u << 1,        // in_idx, out_idx, k_idx
-  kRelationReadOutPtr = 1u << 2,
-  kRelationReadOffsetGrouping = 1u << 3,  // k_ptr, k_in, k_out
-  kRelationReadHostKPtr = 1u << 4,
-  kRelationReadInputGrouping = 1u << 5,   // in_ptr, kt_in, kt_out
-  kRelationReadGemmMap = 1u << 6,
-  kRelationReadGemmOrder = 1u << 7,
-  kRelationReadInputGemmMap = 1u << 8,
-  kRelationReadInputGemmOrder = 1u << 9,
-  kRelationReadAll = (1u << 10) - 1,
-};
 
 // Packed affine int4/int8 weights (SEMANTICS.md "Packed affine quantization"): the forward pass
 // of linear or a convolution whose weight is a QuantizedWeight. Inference only (no backward).

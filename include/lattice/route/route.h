@@ -161,8 +161,8 @@ std::optional<RouteId> select(const PoolEdgesProblem& problem, const DeviceCaps&
 std::optional<RouteId> select(const PointIndexProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 std::optional<RouteId> select(const DequantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 
-// The relation views conv route `route` reads in `pass` (bits of RelationRead), declared beside its
-// row in src/route/conv_routes.cpp and matching its kernel file; kRelationReadAll for a route of
+// The relation views conv route `route` reads in `pass` (RelationView bits, lattice/core/vocab.h), declared beside its
+// row in src/route/conv_routes.cpp and matching its kernel file; kViewAll for a route of
 // another family.
 unsigned conv_relation_reads(RouteId route, ConvPass pass);
 

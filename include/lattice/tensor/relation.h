@@ -87,20 +87,8 @@ class Relation {
     return n_out ? static_cast<double>(n_edges()) / static_cast<double>(n_out) : 0.0;
   }
 
-  // Which views exist now (bits of View), and the bytes they hold on the relation's device
+  // Which views exist now (RelationView bits, lattice/core/vocab.h), and the bytes they hold on the relation's device
   // (every view above, the stored map included; host_k_ptr is host memory and not counted).
-  enum View : unsigned {
-    kGemmMap = 1u << 0,
-    kEdgeList = 1u << 1,  // in_idx, out_idx, k_idx
-    kOutPtr = 1u << 2,
-    kOffsetGrouping = 1u << 3,  // k_ptr, k_in, k_out
-    kRowMasks = 1u << 4,
-    kInputGrouping = 1u << 5,  // in_ptr, kt_in, kt_out
-    kInputGemmMap = 1u << 6,
-    kGemmOrder = 1u << 7,
-    kInputGemmOrder = 1u << 8,
-    kEdgeCount = 1u << 9,  // n_edges known (no storage)
-  };
   unsigned built_views() const;
   std::int64_t view_bytes() const;
   Device device() const { return gemm_map_.device(); }
@@ -114,7 +102,7 @@ class Relation {
   };
   const EdgeList& edge_list() const;
   const OffsetGrouping& offset_grouping() const;
-  void mark(View v) const { built_.fetch_or(v, std::memory_order_acq_rel); }
+  void mark(RelationView v) const { built_.fetch_or(v, std::memory_order_acq_rel); }
 
   friend struct RelationBuilder;  // relation.cpp: stores the map and what the build knows
   mutable std::once_flag count_once_, edge_list_once_, out_ptr_once_, grouping_once_, masks_once_, input_once_,
