@@ -93,6 +93,8 @@ def test_weight_grad_in_the_callers_form(device, layout) -> None:
     assert torch.equal(dw, want)
     with pytest.raises(ValueError, match=r"weight_grad_layout: expected weight_grad_layout and weight_grad_dtype"):
         core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, layout, None)
+    with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight_grad_dtype: expected a float dtype, got int32"):
+        core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, layout, "int32")
     with pytest.raises(ValueError, match=r"weight_grad_layout: expected 'dense' or 'kernel_major', got 'nhwc'"):
         core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, "nhwc", "float32")
 
