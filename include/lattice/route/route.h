@@ -49,6 +49,9 @@ enum class RouteId {
   point_index_cuda,
   dequantize_reference,
   dequantize_cuda,
+  batch_norm_reference,
+  batch_norm_parallel,
+  batch_norm_cuda,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text
@@ -145,6 +148,8 @@ Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
+Explanation explain(const BatchNormProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
 
 // The route explain() would choose, without rendering anything (the hot path of every op). Same
 // rows, same order, same policy handling as explain(); tests assert select() == explain().chosen.
@@ -159,6 +164,7 @@ std::optional<RouteId> select(const RelationProblem& problem, const DeviceCaps& 
 std::optional<RouteId> select(const PoolEdgesProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 std::optional<RouteId> select(const PointIndexProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 std::optional<RouteId> select(const DequantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const BatchNormProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 
 // The relation views conv route `route` reads in `pass` (bits of RelationRead), declared beside its
 // row in src/route/conv_routes.cpp and matching its kernel file; kRelationReadAll for a route of

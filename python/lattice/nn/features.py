@@ -38,6 +38,7 @@ import torch
 
 from .._autocast import autocast_dtype
 from .._device import check_device
+from ..ops import batch_norm as bn_ops
 from ..ops import conv as conv_ops
 from ..ops import features as ops
 from ..tensor import SparseTensor
@@ -186,12 +187,54 @@ class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
         return out.train(module.training)
 
 
+def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> bool:
+    """Whether lattice's batch norm op (:func:`lattice.ops.fused_batch_norm`, route family
+    ``batch_norm``) computes exactly what ``bn(feats)`` would: the switch
+    :data:`lattice.ops.batch_norm.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
+    ``torch.nn.BatchNorm1d`` (not a SyncBatchNorm, not a subclass) with running statistics and a
+    momentum (None: torch's cumulative average), called plainly (no hooks, no tracing); (N, C)
+    features of a float dtype on the CPU or a CUDA device; parameters and running statistics
+    float32 (float64 for float64 features) on the features' device; no CPU autocast (under CUDA
+    autocast torch's batch norm runs in the input's dtype with float32 parameters, as this op)."""
+    if not bn_ops.USE_LATTICE_BATCH_NORM or type(bn) is not torch.nn.BatchNorm1d:
+        return False
+    if not bn.track_running_stats or bn.momentum is None or bn.running_mean is None or bn.running_var is None:
+        return False
+    if feats.dim() != 2 or feats.dtype not in bn_ops._FEATURE_DTYPES or feats.device.type not in ("cpu", "cuda"):
+        return False
+    acc = bn_ops.param_dtype(feats.dtype)
+    for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var):
+        if t is not None and (t.dtype != acc or t.device != feats.device):
+            return False
+    if feats.device.type == "cpu" and autocast_dtype(feats.device) is not None:
+        return False
+    return _plain_call(bn)
+
+
+def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, feats: torch.Tensor, relu: bool, op: str) -> torch.Tensor:
+    """``bn(feats)`` (then ReLU) through lattice's op; ``num_batches_tracked`` counts as torch's."""
+    if bn.training and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+    return bn_ops.batch_norm_feats(feats, bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.training,
+                                   float(bn.momentum), float(bn.eps), relu, op=op)
+
+
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
+    _check_batch_norm_input(bn, feats, op)
+    if _lattice_batch_norm(bn, feats):
+        return _lattice_batch_norm_forward(bn, feats, False, op)
+    return _torch_batch_norm(bn, feats)
+
+
+def _check_batch_norm_input(bn: torch.nn.Module, feats: torch.Tensor, op: str) -> None:
     if feats.shape[1] != bn.num_features:  # torch would say "running_mean should contain C elements not ..."
         raise ValueError(f"[{op}] input: expected features with C={bn.num_features} channels ({op}({bn.num_features})), "
                          f"got {feats.shape[1]} channels (shape {tuple(feats.shape)})")
     for what in ("weight", "bias", "running_mean", "running_var"):
         check_device(op, what, getattr(bn, what, None), feats.device)
+
+
+def _torch_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> torch.Tensor:
     if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda:
         # a child converted by torch's convert_sync_batchnorm: lattice's CPU path (DDP refuses a
         # CPU module holding a torch SyncBatchNorm, but a process group without DDP works)
@@ -379,11 +422,18 @@ def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor)
     batch norm allocates it and nobody else has seen it) and batch norm's backward does not read
     it, so the values and gradients are those of ``relu(bn(x))`` exactly, minus one allocation and
     one pass over the features (issue 17: -25 to -35% of the pair's forward on kitti-sized
-    matrices). Otherwise the two modules are called as usual."""
+    matrices). When lattice's batch norm op applies (:func:`_lattice_batch_norm`: a plain
+    BatchNorm1d child, float features on CPU or CUDA, ...) batch norm and ReLU are one lattice
+    autograd node instead (route family ``batch_norm``: the ReLU fused into the normalisation
+    kernel, its backward masking dy by the saved output). Otherwise the two modules are called as
+    usual."""
     if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
         _check("ReLU", x)
-        y = BatchNorm.forward(bn, x)  # type: ignore[arg-type]
-        return y.replace_feats(torch.relu_(y.feats))
+        feats = x.feats
+        _check_batch_norm_input(bn.bn, feats, type(bn).__name__)
+        if _lattice_batch_norm(bn.bn, feats):  # one fused node: batch norm and ReLU
+            return x.replace_feats(_lattice_batch_norm_forward(bn.bn, feats, True, type(bn).__name__))
+        return x.replace_feats(torch.relu_(_torch_batch_norm(bn.bn, feats)))
     return relu(bn(x))
 
 

@@ -1,0 +1,220 @@
+// Constraints: CPU; features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel
+// parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked
+// by the semantic layer), including none, any C; training and eval, forward and backward,
+// optional fused ReLU. Deterministic: bitwise-identical results for any thread count (fixed
+// blocks of 256 rows reduced in row order, combined in block order in double).
+//
+// Reductions follow backend/common/batch_norm.h: lattice's OpenMP threads take whole row blocks
+// (schedule static over blocks, each block written to its own partial row), the per-channel
+// combine runs over the blocks in block order, so no sum depends on the thread count. Inner loops
+// run over the C channels of one row (contiguous, independent accumulators: vectorisable, and the
+// row order of every sum is fixed). Elementwise passes split rows evenly over threads.
+//
+// forward: training 1) per block the mean and M2 of its rows (two passes over the block, still
+// in cache), 2) per channel Chan's combination of the blocks -> mean, invstd, running stats,
+// 3) y = (x - mean) * (gamma * invstd) + beta (+ ReLU), in Acc, rounded once. Eval: 3) only, with
+// the running statistics. backward: 1) per block sum dy' and sum dy' * xhat, 2) per channel their
+// block-order sums in double -> dbeta, dgamma, the means k1, k2, 3) dx (elementwise).
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/common/batch_norm.h"
+#include "backend/kernels.h"
+#include "lattice/core/threads.h"
+
+namespace lattice::backend::cpu {
+namespace {
+
+namespace bn = lattice::backend::batch_norm;
+
+// Below this many elements a pass runs on one thread (an OpenMP fork/join costs a few
+// microseconds, about as much as 2^15 elements of a pass; an estimate).
+constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 15;
+
+int threads_for(std::int64_t work) { return work < kParallelMinElements ? 1 : lattice::num_threads(); }
+
+template <class Acc>
+Acc relu_acc(Acc v) {
+  return v > Acc(0) || v != v ? v : Acc(0);  // max(v, 0); NaN stays NaN (torch.relu)
+}
+
+// Per block b: bmean[b, :] = block means, bm2[b, :] = sums of squared deviations from them.
+template <class T>
+void block_moments(const T* x, std::int64_t n, std::int64_t c, Accum<T>* bmean, Accum<T>* bm2) {
+  using Acc = Accum<T>;
+  const std::int64_t blocks = bn::block_count(n);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
+    Acc* m = bmean + b * c;
+    Acc* m2 = bm2 + b * c;
+    for (std::int64_t ch = 0; ch < c; ++ch) m[ch] = Acc(0);
+    for (std::int64_t r = r0; r < r0 + nb; ++r) {
+      const T* row = x + r * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) m[ch] += load(row[ch]);
+    }
+    const Acc count = static_cast<Acc>(nb);
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      m[ch] = m[ch] / count;
+      m2[ch] = Acc(0);
+    }
+    for (std::int64_t r = r0; r < r0 + nb; ++r) {
+      const T* row = x + r * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        const Acc d = load(row[ch]) - m[ch];
+        m2[ch] += bn::mul(d, d);
+      }
+    }
+  }
+}
+
+// y = (x - mean) * scale + shift per channel (+ ReLU), rows split evenly over threads.
+template <class T>
+void normalize(const T* x, T* y, std::int64_t n, std::int64_t c, const Accum<T>* mean, const Accum<T>* scale,
+               const Accum<T>* shift, bool relu) {
+  using Acc = Accum<T>;
+#pragma omp parallel num_threads(threads_for(n * c))
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const std::int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * c;
+      T* yr = y + r * c;
+      if (relu) {
+        for (std::int64_t ch = 0; ch < c; ++ch) {
+          const Acc v = bn::mul(load(xr[ch]) - mean[ch], scale[ch]) + shift[ch];
+          yr[ch] = store<T>(relu_acc(v));
+        }
+      } else {
+        for (std::int64_t ch = 0; ch < c; ++ch) yr[ch] = store<T>(bn::mul(load(xr[ch]) - mean[ch], scale[ch]) + shift[ch]);
+      }
+    }
+  }
+}
+
+template <class T>
+void forward_typed(const BatchNormArgs& a) {
+  using Acc = Accum<T>;
+  const T* x = static_cast<const T*>(a.x);
+  const Acc* gamma = static_cast<const Acc*>(a.gamma);
+  const Acc* beta = static_cast<const Acc*>(a.beta);
+  Acc* rm = static_cast<Acc*>(a.running_mean);
+  Acc* rv = static_cast<Acc*>(a.running_var);
+  Acc* mean = static_cast<Acc*>(a.mean);
+  Acc* invstd = static_cast<Acc*>(a.invstd);
+  const std::int64_t n = a.n, c = a.c;
+  if (a.training) {
+    const std::int64_t blocks = bn::block_count(n);
+    std::vector<Acc> bmean(static_cast<std::size_t>(blocks * c)), bm2(static_cast<std::size_t>(blocks * c));
+    block_moments(x, n, c, bmean.data(), bm2.data());
+#pragma omp parallel for schedule(static) num_threads(threads_for(blocks * c))
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      double m = 0.0, var = 0.0;
+      bn::combine_blocks(bmean.data(), bm2.data(), n, c, ch, m, var);
+      mean[ch] = static_cast<Acc>(m);
+      invstd[ch] = static_cast<Acc>(bn::inverse_std(var, a.eps));
+      if (rm) rm[ch] = static_cast<Acc>(bn::running_update(rm[ch], m, a.momentum));
+      if (rv) rv[ch] = static_cast<Acc>(bn::running_update(rv[ch], bn::unbiased(var, n), a.momentum));
+    }
+  } else {
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      mean[ch] = rm[ch];
+      invstd[ch] = static_cast<Acc>(bn::inverse_std(static_cast<double>(rv[ch]), a.eps));
+    }
+  }
+  std::vector<Acc> scale(static_cast<std::size_t>(c)), shift(static_cast<std::size_t>(c));
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    scale[ch] = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
+    shift[ch] = beta ? beta[ch] : Acc(0);
+  }
+  normalize(x, static_cast<T*>(a.y), n, c, mean, scale.data(), shift.data(), a.relu);
+}
+
+template <class T>
+void backward_typed(const BatchNormArgs& a) {
+  using Acc = Accum<T>;
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* ys = static_cast<const T*>(a.y_saved);
+  const Acc* gamma = static_cast<const Acc*>(a.gamma);
+  const Acc* mean = static_cast<const Acc*>(a.mean);
+  const Acc* invstd = static_cast<const Acc*>(a.invstd);
+  T* dx = static_cast<T*>(a.dx);
+  Acc* dgamma = static_cast<Acc*>(a.dgamma);
+  Acc* dbeta = static_cast<Acc*>(a.dbeta);
+  const std::int64_t n = a.n, c = a.c;
+  const bool relu = a.relu;
+  // dy' of element k: dy masked by the forward's output when the ReLU was fused.
+  auto grad = [&](std::int64_t k) -> Acc { return relu && !(load(ys[k]) > Acc(0)) ? Acc(0) : load(dy[k]); };
+  std::vector<Acc> k1(static_cast<std::size_t>(c), Acc(0)), k2(static_cast<std::size_t>(c), Acc(0));
+  const bool need_sums = dgamma || (dx && a.training);
+  if (need_sums) {
+    const std::int64_t blocks = bn::block_count(n);
+    std::vector<Acc> bdy(static_cast<std::size_t>(blocks * c)), bdyx(static_cast<std::size_t>(blocks * c));
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
+      Acc* s = bdy.data() + b * c;
+      Acc* sx = bdyx.data() + b * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) s[ch] = sx[ch] = Acc(0);
+      for (std::int64_t r = r0; r < r0 + nb; ++r) {
+        for (std::int64_t ch = 0; ch < c; ++ch) {
+          const std::int64_t k = r * c + ch;
+          const Acc g = grad(k);
+          const Acc xhat = (load(x[k]) - mean[ch]) * invstd[ch];
+          s[ch] += g;
+          sx[ch] += bn::mul(g, xhat);
+        }
+      }
+    }
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const double sdy = bn::sum_blocks(bdy.data(), n, c, ch);
+      const double sdyx = bn::sum_blocks(bdyx.data(), n, c, ch);
+      if (dgamma) dgamma[ch] = static_cast<Acc>(sdyx);
+      if (dbeta) dbeta[ch] = static_cast<Acc>(sdy);
+      if (n > 0) {
+        k1[ch] = static_cast<Acc>(sdy / static_cast<double>(n));
+        k2[ch] = static_cast<Acc>(sdyx / static_cast<double>(n));
+      }
+    }
+  }
+  if (!dx) return;
+  std::vector<Acc> scale(static_cast<std::size_t>(c));
+  for (std::int64_t ch = 0; ch < c; ++ch) scale[ch] = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
+  const bool training = a.training;
+#pragma omp parallel num_threads(threads_for(n * c))
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const std::int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        const std::int64_t k = r * c + ch;
+        const Acc g = grad(k);
+        if (training) {
+          const Acc xhat = (load(x[k]) - mean[ch]) * invstd[ch];
+          dx[k] = store<T>(scale[ch] * (g - k1[ch] - bn::mul(xhat, k2[ch])));
+        } else {
+          dx[k] = store<T>(scale[ch] * g);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void batch_norm_parallel_forward(const BatchNormArgs& a) {
+  dispatch_float(a.dtype, "batch_norm", "input", [&](auto tag) { forward_typed<typename decltype(tag)::type>(a); });
+}
+
+void batch_norm_parallel_backward(const BatchNormArgs& a) {
+  dispatch_float(a.dtype, "batch_norm", "input", [&](auto tag) { backward_typed<typename decltype(tag)::type>(a); });
+}
+
+}  // namespace lattice::backend::cpu
+
+LATTICE_ROUTE_KERNELS(BatchNormKernels, batch_norm_parallel, {
+    .forward = cpu::batch_norm_parallel_forward,
+    .backward = cpu::batch_norm_parallel_backward});
