@@ -10,7 +10,7 @@ from .ops import conv as _conv
 from .ops import point_voxel as _point_voxel
 from .ops import pool as _pool
 from .ops import algebra as _algebra
-from .ops import batch_norm as _batch_norm
+from .ops import fused_bn as _batch_norm
 from .ops import coords as _coords
 from .ops import quantized as _quantized
 

@@ -38,7 +38,7 @@ import torch
 
 from .._autocast import autocast_dtype
 from .._device import check_device
-from ..ops import batch_norm as bn_ops
+from ..ops import fused_bn as bn_ops
 from ..ops import conv as conv_ops
 from ..ops import features as ops
 from ..tensor import SparseTensor
@@ -190,7 +190,7 @@ class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
 def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> bool:
     """Whether lattice's batch norm op (:func:`lattice.ops.fused_batch_norm`, route family
     ``batch_norm``) computes exactly what ``bn(feats)`` would: the switch
-    :data:`lattice.ops.batch_norm.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
+    :data:`lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
     ``torch.nn.BatchNorm1d`` (not a SyncBatchNorm, not a subclass) with running statistics and a
     momentum (None: torch's cumulative average), called plainly (no hooks, no tracing); (N, C)
     features of a float dtype on the CPU or a CUDA device; parameters and running statistics

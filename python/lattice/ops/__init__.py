@@ -15,7 +15,7 @@ from .features import (
     softplus,
     tanh,
 )
-from .batch_norm import fused_batch_norm
+from .fused_bn import fused_batch_norm
 from .algebra import sparse_add, sparse_cat_aligned, sparse_maximum, sparse_minimum, sparse_mul, sparse_sub
 from .coords import (
     contains_coords,
