@@ -99,10 +99,15 @@ TEST(BatchNorm, ErrorsNameTheOpAndArgument) {
   o.op = "BatchNorm";
   EXPECT_EQ(message_of<ValueError>([&] { ops::batch_norm_forward(x1, {}, {}, v2, v2.clone(), o); }),
             "[BatchNorm] input: expected more than 1 row per channel when training, got 1");
-  EXPECT_NE(message_of<TypeError>([&] {
-              ops::batch_norm_forward(x, make(Dtype::f64, {1.0, 1.0}, {2}), {}, {}, {}, o);
-            }).find("[BatchNorm] weight: expected float32"),
-            std::string::npos);
+  EXPECT_EQ(message_of<TypeError>([&] { ops::batch_norm_forward(x, make(Dtype::f64, {1.0, 1.0}, {2}), {}, {}, {}, o); }),
+            "[BatchNorm] weight: expected float32 (per-channel values of float32 features), got float64");
+  EXPECT_EQ(message_of<ValueError>([&] { ops::batch_norm_forward(Array{}, {}, {}, {}, {}, o); }),
+            "[BatchNorm] input: expected an (N, C) feature matrix, got nothing");
+  const Array strided = make(Dtype::f32, {0.0, 0.0, 0.0, 0.0}, {4}).strided_view({2}, {2});
+  EXPECT_EQ(message_of<ValueError>([&] { ops::batch_norm_forward(x, {}, {}, strided, v2.clone(), o); }),
+            "[BatchNorm] running_mean: expected a contiguous tensor (it is updated in place), got a strided one");
+  EXPECT_EQ(message_of<ValueError>([&] { ops::batch_norm_forward(x, {}, {}, v2.clone(), {}, o); }),
+            "[BatchNorm] running_var: expected both running statistics or neither, got only one");
   EXPECT_NE(message_of<ValueError>([&] {
               ops::batch_norm_forward(x, make(Dtype::f32, {1.0, 1.0, 1.0}, {3}), {}, {}, {}, o);
             }).find("[BatchNorm] weight: expected shape (C=2,), got (3,)"),
@@ -115,14 +120,41 @@ TEST(BatchNorm, ErrorsNameTheOpAndArgument) {
             }).find("[BatchNorm] input: expected float16, bfloat16, float32 or float64 features, got int32"),
             std::string::npos);
   o.training = false;
-  EXPECT_NE(message_of<ValueError>([&] { ops::batch_norm_forward(x, {}, {}, {}, {}, o); })
-                .find("[BatchNorm] running_mean: expected running statistics in eval mode"),
-            std::string::npos);
+  EXPECT_EQ(message_of<ValueError>([&] { ops::batch_norm_forward(x, {}, {}, {}, {}, o); }),
+            "[BatchNorm] running_mean: expected running statistics in eval mode (training=False), got nothing");
   o.training = true;
   o.momentum = 1.5;
   EXPECT_NE(message_of<ValueError>([&] { ops::batch_norm_forward(x, {}, {}, {}, {}, o); })
                 .find("[BatchNorm] momentum: expected a value in [0, 1]"),
             std::string::npos);
+}
+
+TEST(BatchNorm, BackwardErrorsNameTheOpAndArgument) {
+  const Array x = make(Dtype::f32, std::vector<double>(8, 1.0), {4, 2});
+  const Array v2 = make(Dtype::f32, {0.0, 1.0}, {2});
+  ops::BatchNormOptions o;
+  o.op = "BatchNorm";
+  o.relu = true;
+  const auto f = ops::batch_norm_forward(make(Dtype::f32, {1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}), {}, {}, {}, {}, o);
+  auto bwd = [&](const Array& dy, const Array& y, const Array& mean) {
+    return [&, dy, y, mean] { ops::batch_norm_backward(dy, x, y, {}, mean, f.invstd, true, true, o); };
+  };
+  const Array dy = make(Dtype::f32, std::vector<double>(8, 1.0), {4, 2});
+  EXPECT_EQ(message_of<TypeError>(bwd(make(Dtype::f16, std::vector<double>(8, 1.0), {4, 2}), f.y, f.mean)),
+            "[BatchNorm] grad_out: expected float32 (the dtype of the input), got float16");
+  EXPECT_EQ(message_of<ValueError>(bwd(make(Dtype::f32, std::vector<double>(6, 1.0), {3, 2}), f.y, f.mean)),
+            "[BatchNorm] grad_out: expected shape (4, 2) (that of the input), got (3, 2)");
+  EXPECT_EQ(message_of<ValueError>(bwd(dy, Array{}, f.mean)),
+            "[BatchNorm] output: expected the forward's output (relu=True), got nothing");
+  EXPECT_EQ(message_of<ValueError>(bwd(dy, make(Dtype::f32, std::vector<double>(6, 1.0), {3, 2}), f.mean)),
+            "[BatchNorm] output: expected the forward's output: float32 (4, 2) on cpu, got float32 (3, 2) on cpu");
+  EXPECT_EQ(message_of<ValueError>(bwd(dy, f.y, Array{})),
+            "[BatchNorm] mean: expected the forward's saved statistics, got nothing");
+  EXPECT_EQ(message_of<ValueError>(bwd(dy, f.y, v2.reshape({1, 2}))),
+            "[BatchNorm] mean: expected shape (C=2,), got (1, 2)");
+  // nothing requested: nothing computed, nothing allocated
+  const auto none = ops::batch_norm_backward(dy, x, f.y, {}, f.mean, f.invstd, false, false, o);
+  EXPECT_FALSE(none.dx.defined() || none.dweight.defined() || none.dbias.defined());
 }
 
 TEST(BatchNorm, NoRowsInTrainingLeaveTheRunningStatistics) {

@@ -101,6 +101,28 @@ TEST(CudaBatchNorm, NoRowsInTrainingLeaveTheRunningStatistics) {
   EXPECT_EQ(bn_test::values(g.dbias), (std::vector<double>{0.0, 0.0, 0.0}));
 }
 
+TEST(CudaBatchNorm, MixedDevicesAreRejected) {
+  LATTICE_REQUIRE_CUDA();
+  const Array x = bn_test::make(Dtype::f32, std::vector<double>(8, 1.0), {4, 2}, kGpu);
+  const Array w_cpu = bn_test::make(Dtype::f32, {1.0, 1.0}, {2});
+  ops::BatchNormOptions o;
+  o.op = "BatchNorm";
+  try {
+    ops::batch_norm_forward(x, w_cpu, {}, {}, {}, o);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "[BatchNorm] weight: expected a tensor on cuda:0, got cpu");
+  }
+  const auto f = ops::batch_norm_forward(x, {}, {}, {}, {}, o);
+  try {
+    ops::batch_norm_backward(bn_test::make(Dtype::f32, std::vector<double>(8, 1.0), {4, 2}), x, {}, {}, f.mean,
+                             f.invstd, true, true, o);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "[BatchNorm] grad_out: expected a tensor on cuda:0, got cpu");
+  }
+}
+
 TEST(CudaBatchNorm, TableChoosesCudaForCudaData) {
   LATTICE_REQUIRE_CUDA();
   const Array x = bn_test::make(Dtype::bf16, std::vector<double>(8, 1.0), {4, 2}, kGpu);

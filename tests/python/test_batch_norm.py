@@ -155,7 +155,7 @@ def test_one_row_in_training_raises_lattice_error():
     (lambda x, p: dict(w=p.double()), TypeError, r"\[fused_batch_norm\] weight: expected float32"),
     (lambda x, p: dict(w=p[:2].clone()), ValueError, r"\[fused_batch_norm\] weight: expected shape \(C=3,\), got \(2,\)"),
     (lambda x, p: dict(rm=torch.zeros(6)[::2]), ValueError,
-     r"\[fused_batch_norm\] running_mean: expected a contiguous tensor \(it is updated in place\)"),
+     r"\[fused_batch_norm\] running_mean: expected a contiguous tensor \(it is updated in place\), got a strided one"),
     (lambda x, p: dict(eps=0.0), ValueError, r"\[fused_batch_norm\] eps: expected a positive finite value"),
     (lambda x, p: dict(momentum=-0.5), ValueError, r"\[fused_batch_norm\] momentum: expected a value in \[0, 1\]"),
     (lambda x, p: dict(route="nope"), ValueError,
@@ -174,7 +174,8 @@ def test_bad_arguments_raise_lattice_errors(bad, exc, msg):
 
 
 def test_eval_without_running_statistics_raises():
-    with pytest.raises(ValueError, match=r"\[fused_batch_norm\] running_mean: expected running statistics in eval mode"):
+    with pytest.raises(ValueError, match=r"\[fused_batch_norm\] running_mean: expected running statistics in eval mode "
+                                         r"\(training=False\), got nothing"):
         B.batch_norm_feats(torch.randn(4, 3), None, None, None, None, False)
 
 
@@ -364,6 +365,15 @@ def test_cuda_route_equals_the_cpu_route(name, training, relu):
     yc2, gc2 = _run(None, x.to(CUDA), w.to(CUDA), b.to(CUDA), rm.clone().to(CUDA), rv.clone().to(CUDA), dy.to(CUDA),
                     training, relu)
     assert torch.equal(yc, yc2) and all(torch.equal(a, e) for a, e in zip(gc, gc2))
+
+
+@needs_cuda
+def test_cuda_mixed_devices_raise():
+    x = torch.randn(8, 3, device=CUDA)
+    with pytest.raises(ValueError, match=r"\[fused_batch_norm\] weight: expected a tensor on cuda:0, got cpu"):
+        B.batch_norm_feats(x, None, None, torch.ones(3), None, True)
+    with pytest.raises(ValueError, match=r"\[fused_batch_norm\] running_mean: expected a tensor on cuda:0, got cpu"):
+        B.batch_norm_feats(x, torch.zeros(3), torch.ones(3, device=CUDA), None, None, True)
 
 
 @needs_cuda
