@@ -42,17 +42,18 @@ Acc relu_acc(Acc v) {
 
 // Per block b: bmean[b, :] = block means, bm2[b, :] = sums of squared deviations from them.
 template <class T>
-void block_moments(const T* x, std::int64_t n, std::int64_t c, Accum<T>* bmean, Accum<T>* bm2) {
+void block_moments(const T* __restrict x, std::int64_t n, std::int64_t c, Accum<T>* __restrict bmean,
+                   Accum<T>* __restrict bm2) {
   using Acc = Accum<T>;
   const std::int64_t blocks = bn::block_count(n);
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
-    Acc* m = bmean + b * c;
-    Acc* m2 = bm2 + b * c;
+    Acc* __restrict m = bmean + b * c;
+    Acc* __restrict m2 = bm2 + b * c;
     for (std::int64_t ch = 0; ch < c; ++ch) m[ch] = Acc(0);
     for (std::int64_t r = r0; r < r0 + nb; ++r) {
-      const T* row = x + r * c;
+      const T* __restrict row = x + r * c;
       for (std::int64_t ch = 0; ch < c; ++ch) m[ch] += load(row[ch]);
     }
     const Acc count = static_cast<Acc>(nb);
@@ -61,7 +62,7 @@ void block_moments(const T* x, std::int64_t n, std::int64_t c, Accum<T>* bmean, 
       m2[ch] = Acc(0);
     }
     for (std::int64_t r = r0; r < r0 + nb; ++r) {
-      const T* row = x + r * c;
+      const T* __restrict row = x + r * c;
       for (std::int64_t ch = 0; ch < c; ++ch) {
         const Acc d = load(row[ch]) - m[ch];
         m2[ch] += bn::mul(d, d);
@@ -72,16 +73,17 @@ void block_moments(const T* x, std::int64_t n, std::int64_t c, Accum<T>* bmean, 
 
 // y = (x - mean) * scale + shift per channel (+ ReLU), rows split evenly over threads.
 template <class T>
-void normalize(const T* x, T* y, std::int64_t n, std::int64_t c, const Accum<T>* mean, const Accum<T>* scale,
-               const Accum<T>* shift, bool relu) {
+void normalize(const T* __restrict x, T* __restrict y, std::int64_t n, std::int64_t c,
+               const Accum<T>* __restrict mean, const Accum<T>* __restrict scale, const Accum<T>* __restrict shift,
+               bool relu) {
   using Acc = Accum<T>;
 #pragma omp parallel num_threads(threads_for(n * c))
   {
     const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const std::int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * c;
-      T* yr = y + r * c;
+      const T* __restrict xr = x + r * c;
+      T* __restrict yr = y + r * c;
       if (relu) {
         for (std::int64_t ch = 0; ch < c; ++ch) {
           const Acc v = bn::mul(load(xr[ch]) - mean[ch], scale[ch]) + shift[ch];
@@ -132,6 +134,63 @@ void forward_typed(const BatchNormArgs& a) {
   normalize(x, static_cast<T*>(a.y), n, c, mean, scale.data(), shift.data(), a.relu);
 }
 
+// Per block b: bdy[b, :] = sum over its rows of dy', bdyx[b, :] = sum of dy' * xhat (row order).
+template <class T, bool kRelu>
+void block_grad_sums(const T* __restrict x, const T* __restrict dy, const T* __restrict ys, std::int64_t n,
+                     std::int64_t c, const Accum<T>* __restrict mean, const Accum<T>* __restrict invstd,
+                     Accum<T>* __restrict bdy, Accum<T>* __restrict bdyx) {
+  using Acc = Accum<T>;
+  const std::int64_t blocks = bn::block_count(n);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
+    Acc* __restrict s = bdy + b * c;
+    Acc* __restrict sx = bdyx + b * c;
+    for (std::int64_t ch = 0; ch < c; ++ch) s[ch] = sx[ch] = Acc(0);
+    for (std::int64_t r = r0; r < r0 + nb; ++r) {
+      const T* __restrict xr = x + r * c;
+      const T* __restrict dr = dy + r * c;
+      const T* __restrict yr = kRelu ? ys + r * c : nullptr;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        Acc g = load(dr[ch]);
+        if constexpr (kRelu) g = load(yr[ch]) > Acc(0) ? g : Acc(0);
+        const Acc xhat = (load(xr[ch]) - mean[ch]) * invstd[ch];
+        s[ch] += g;
+        sx[ch] += bn::mul(g, xhat);
+      }
+    }
+  }
+}
+
+// dx = scale * (dy' - k1 - xhat * k2) (training) or scale * dy' (eval), rows split evenly.
+template <class T, bool kRelu, bool kTraining>
+void input_grad(const T* __restrict x, const T* __restrict dy, const T* __restrict ys, std::int64_t n, std::int64_t c,
+                const Accum<T>* __restrict mean, const Accum<T>* __restrict invstd, const Accum<T>* __restrict scale,
+                const Accum<T>* __restrict k1, const Accum<T>* __restrict k2, T* __restrict dx) {
+  using Acc = Accum<T>;
+#pragma omp parallel num_threads(threads_for(n * c))
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const std::int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* __restrict xr = x + r * c;
+      const T* __restrict dr = dy + r * c;
+      const T* __restrict yr = kRelu ? ys + r * c : nullptr;
+      T* __restrict out = dx + r * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        Acc g = load(dr[ch]);
+        if constexpr (kRelu) g = load(yr[ch]) > Acc(0) ? g : Acc(0);
+        if constexpr (kTraining) {
+          const Acc xhat = (load(xr[ch]) - mean[ch]) * invstd[ch];
+          out[ch] = store<T>(scale[ch] * (g - k1[ch] - bn::mul(xhat, k2[ch])));
+        } else {
+          out[ch] = store<T>(scale[ch] * g);
+        }
+      }
+    }
+  }
+}
+
 template <class T>
 void backward_typed(const BatchNormArgs& a) {
   using Acc = Accum<T>;
@@ -145,30 +204,15 @@ void backward_typed(const BatchNormArgs& a) {
   Acc* dgamma = static_cast<Acc*>(a.dgamma);
   Acc* dbeta = static_cast<Acc*>(a.dbeta);
   const std::int64_t n = a.n, c = a.c;
-  const bool relu = a.relu;
-  // dy' of element k: dy masked by the forward's output when the ReLU was fused.
-  auto grad = [&](std::int64_t k) -> Acc { return relu && !(load(ys[k]) > Acc(0)) ? Acc(0) : load(dy[k]); };
   std::vector<Acc> k1(static_cast<std::size_t>(c), Acc(0)), k2(static_cast<std::size_t>(c), Acc(0));
   const bool need_sums = dgamma || (dx && a.training);
   if (need_sums) {
     const std::int64_t blocks = bn::block_count(n);
     std::vector<Acc> bdy(static_cast<std::size_t>(blocks * c)), bdyx(static_cast<std::size_t>(blocks * c));
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
-      Acc* s = bdy.data() + b * c;
-      Acc* sx = bdyx.data() + b * c;
-      for (std::int64_t ch = 0; ch < c; ++ch) s[ch] = sx[ch] = Acc(0);
-      for (std::int64_t r = r0; r < r0 + nb; ++r) {
-        for (std::int64_t ch = 0; ch < c; ++ch) {
-          const std::int64_t k = r * c + ch;
-          const Acc g = grad(k);
-          const Acc xhat = (load(x[k]) - mean[ch]) * invstd[ch];
-          s[ch] += g;
-          sx[ch] += bn::mul(g, xhat);
-        }
-      }
-    }
+    if (a.relu)
+      block_grad_sums<T, true>(x, dy, ys, n, c, mean, invstd, bdy.data(), bdyx.data());
+    else
+      block_grad_sums<T, false>(x, dy, ys, n, c, mean, invstd, bdy.data(), bdyx.data());
     for (std::int64_t ch = 0; ch < c; ++ch) {
       const double sdy = bn::sum_blocks(bdy.data(), n, c, ch);
       const double sdyx = bn::sum_blocks(bdyx.data(), n, c, ch);
@@ -183,24 +227,15 @@ void backward_typed(const BatchNormArgs& a) {
   if (!dx) return;
   std::vector<Acc> scale(static_cast<std::size_t>(c));
   for (std::int64_t ch = 0; ch < c; ++ch) scale[ch] = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
-  const bool training = a.training;
-#pragma omp parallel num_threads(threads_for(n * c))
-  {
-    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const std::int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
-    for (std::int64_t r = r0; r < r1; ++r) {
-      for (std::int64_t ch = 0; ch < c; ++ch) {
-        const std::int64_t k = r * c + ch;
-        const Acc g = grad(k);
-        if (training) {
-          const Acc xhat = (load(x[k]) - mean[ch]) * invstd[ch];
-          dx[k] = store<T>(scale[ch] * (g - k1[ch] - bn::mul(xhat, k2[ch])));
-        } else {
-          dx[k] = store<T>(scale[ch] * g);
-        }
-      }
-    }
-  }
+  const Acc* sc = scale.data();
+  if (a.relu && a.training)
+    input_grad<T, true, true>(x, dy, ys, n, c, mean, invstd, sc, k1.data(), k2.data(), dx);
+  else if (a.relu)
+    input_grad<T, true, false>(x, dy, ys, n, c, mean, invstd, sc, k1.data(), k2.data(), dx);
+  else if (a.training)
+    input_grad<T, false, true>(x, dy, ys, n, c, mean, invstd, sc, k1.data(), k2.data(), dx);
+  else
+    input_grad<T, false, false>(x, dy, ys, n, c, mean, invstd, sc, k1.data(), k2.data(), dx);
 }
 
 }  // namespace
