@@ -43,9 +43,10 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
           "features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and "
           "statistics in f32 (f64 for f64 features); at most 2^24 channels; any N (N >= 2 in training, "
           "checked by the semantic layer), including none; training and eval, forward and backward, "
-          "optional fused ReLU. Deterministic: fixed blocks of 256 rows reduced per (block, channel) in "
-          "row order and combined in block order in double (no atomics), so results are bitwise the "
-          "same run to run and for any grid; equal to the CPU routes up to rounding."}}}},
+          "optional fused ReLU. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in "
+          "row order, their partials summed in double in a fixed order by one warp per channel (no "
+          "atomics), so results are bitwise the same run to run and for any grid; the same order and "
+          "arithmetic as the CPU parallel route."}}}},
      admit_batch_norm_cuda},
     {{.id = RouteId::batch_norm_parallel,
       .family = "batch_norm",
@@ -59,7 +60,7 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
           "parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked "
           "by the semantic layer), including none, any C; training and eval, forward and backward, "
           "optional fused ReLU. Deterministic: bitwise-identical results for any thread count (fixed "
-          "blocks of 256 rows reduced in row order, combined in block order in double)."}}}},
+          "blocks of 32 rows reduced in row order, their partials summed in double in a fixed order)."}}}},
      admit_batch_norm_parallel},
     {{.id = RouteId::batch_norm_reference,
       .family = "batch_norm",

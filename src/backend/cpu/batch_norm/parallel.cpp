@@ -2,19 +2,21 @@
 // parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked
 // by the semantic layer), including none, any C; training and eval, forward and backward,
 // optional fused ReLU. Deterministic: bitwise-identical results for any thread count (fixed
-// blocks of 256 rows reduced in row order, combined in block order in double).
+// blocks of 32 rows reduced in row order, their partials summed in double in a fixed order).
 //
 // Reductions follow backend/common/batch_norm.h: lattice's OpenMP threads take whole row blocks
-// (schedule static over blocks, each block written to its own partial row), the per-channel
-// combine runs over the blocks in block order, so no sum depends on the thread count. Inner loops
-// run over the C channels of one row (contiguous, independent accumulators: vectorisable, and the
-// row order of every sum is fixed). Elementwise passes split rows evenly over threads.
+// (schedule static over blocks, each block's partials written to their own slots), the
+// per-channel sums over the blocks run in fixed_order_sum's order, so no sum depends on the thread
+// count (and the cuda route, with the same order and arithmetic, normally gives the same bits).
+// Inner loops run over the C channels of one row (contiguous, independent accumulators:
+// vectorisable, and the row order of every sum is fixed). Elementwise passes split rows evenly
+// over threads.
 //
 // forward: training 1) per block the mean and M2 of its rows (two passes over the block, still
-// in cache), 2) per channel Chan's combination of the blocks -> mean, invstd, running stats,
-// 3) y = (x - mean) * (gamma * invstd) + beta (+ ReLU), in Acc, rounded once. Eval: 3) only, with
-// the running statistics. backward: 1) per block sum dy' and sum dy' * xhat, 2) per channel their
-// block-order sums in double -> dbeta, dgamma, the means k1, k2, 3) dx (elementwise).
+// in L1), 2) per channel mean = sum n_b m_b / N, var = sum (M2_b + n_b (m_b - mean)^2) / N, invstd,
+// running stats, 3) y = (x - mean) * (gamma * invstd) + beta (+ ReLU), in Acc, rounded once.
+// Eval: 3) only, with the running statistics. backward: 1) per block sum dy' and sum dy' * xhat,
+// 2) per channel their sums in double -> dbeta, dgamma, the means k1, k2, 3) dx (elementwise).
 #include <omp.h>
 
 #include <cstdint>
@@ -40,32 +42,38 @@ Acc relu_acc(Acc v) {
   return v > Acc(0) || v != v ? v : Acc(0);  // max(v, 0); NaN stays NaN (torch.relu)
 }
 
-// Per block b: bmean[b, :] = block means, bm2[b, :] = sums of squared deviations from them.
+// Per block b and channel ch: bmean[ch * blocks + b] = the block's mean, bm2[...] = its sum of
+// squared deviations from it (channel-major partials, see backend/common/batch_norm.h).
 template <class T>
 void block_moments(const T* __restrict x, std::int64_t n, std::int64_t c, Accum<T>* __restrict bmean,
                    Accum<T>* __restrict bm2) {
   using Acc = Accum<T>;
   const std::int64_t blocks = bn::block_count(n);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
-    Acc* __restrict m = bmean + b * c;
-    Acc* __restrict m2 = bm2 + b * c;
-    for (std::int64_t ch = 0; ch < c; ++ch) m[ch] = Acc(0);
-    for (std::int64_t r = r0; r < r0 + nb; ++r) {
-      const T* __restrict row = x + r * c;
-      for (std::int64_t ch = 0; ch < c; ++ch) m[ch] += load(row[ch]);
-    }
-    const Acc count = static_cast<Acc>(nb);
-    for (std::int64_t ch = 0; ch < c; ++ch) {
-      m[ch] = m[ch] / count;
-      m2[ch] = Acc(0);
-    }
-    for (std::int64_t r = r0; r < r0 + nb; ++r) {
-      const T* __restrict row = x + r * c;
+#pragma omp parallel num_threads(threads_for(n * c))
+  {
+    std::vector<Acc> acc(static_cast<std::size_t>(2 * c));
+    Acc* __restrict m = acc.data();
+    Acc* __restrict m2 = m + c;
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
+      for (std::int64_t ch = 0; ch < c; ++ch) m[ch] = m2[ch] = Acc(0);
+      for (std::int64_t r = r0; r < r0 + nb; ++r) {
+        const T* __restrict row = x + r * c;
+        for (std::int64_t ch = 0; ch < c; ++ch) m[ch] += load(row[ch]);
+      }
+      const Acc count = static_cast<Acc>(nb);
+      for (std::int64_t ch = 0; ch < c; ++ch) m[ch] = m[ch] / count;
+      for (std::int64_t r = r0; r < r0 + nb; ++r) {
+        const T* __restrict row = x + r * c;
+        for (std::int64_t ch = 0; ch < c; ++ch) {
+          const Acc d = load(row[ch]) - m[ch];
+          m2[ch] += bn::mul(d, d);
+        }
+      }
       for (std::int64_t ch = 0; ch < c; ++ch) {
-        const Acc d = load(row[ch]) - m[ch];
-        m2[ch] += bn::mul(d, d);
+        bmean[ch * blocks + b] = m[ch];
+        bm2[ch * blocks + b] = m2[ch];
       }
     }
   }
@@ -113,8 +121,16 @@ void forward_typed(const BatchNormArgs& a) {
     block_moments(x, n, c, bmean.data(), bm2.data());
 #pragma omp parallel for schedule(static) num_threads(threads_for(blocks * c))
     for (std::int64_t ch = 0; ch < c; ++ch) {
-      double m = 0.0, var = 0.0;
-      bn::combine_blocks(bmean.data(), bm2.data(), n, c, ch, m, var);
+      const Acc* pm = bmean.data();
+      const Acc* pm2 = bm2.data();
+      const double m =
+          n > 0 ? bn::fixed_order_sum(blocks, [&](std::int64_t b) { return bn::mean_term(pm, n, blocks, ch, b); }) /
+                      static_cast<double>(n)
+                : 0.0;
+      const double var =
+          n > 0 ? bn::fixed_order_sum(blocks, [&](std::int64_t b) { return bn::m2_term(pm, pm2, n, blocks, ch, b, m); }) /
+                      static_cast<double>(n)
+                : 0.0;
       mean[ch] = static_cast<Acc>(m);
       invstd[ch] = static_cast<Acc>(bn::inverse_std(var, a.eps));
       if (rm) rm[ch] = static_cast<Acc>(bn::running_update(rm[ch], m, a.momentum));
@@ -134,29 +150,38 @@ void forward_typed(const BatchNormArgs& a) {
   normalize(x, static_cast<T*>(a.y), n, c, mean, scale.data(), shift.data(), a.relu);
 }
 
-// Per block b: bdy[b, :] = sum over its rows of dy', bdyx[b, :] = sum of dy' * xhat (row order).
+// Per block b and channel ch: bdy[ch * blocks + b] = the sum over its rows of dy', bdyx[...] =
+// that of dy' * xhat (row order; channel-major partials).
 template <class T, bool kRelu>
 void block_grad_sums(const T* __restrict x, const T* __restrict dy, const T* __restrict ys, std::int64_t n,
                      std::int64_t c, const Accum<T>* __restrict mean, const Accum<T>* __restrict invstd,
                      Accum<T>* __restrict bdy, Accum<T>* __restrict bdyx) {
   using Acc = Accum<T>;
   const std::int64_t blocks = bn::block_count(n);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
-    Acc* __restrict s = bdy + b * c;
-    Acc* __restrict sx = bdyx + b * c;
-    for (std::int64_t ch = 0; ch < c; ++ch) s[ch] = sx[ch] = Acc(0);
-    for (std::int64_t r = r0; r < r0 + nb; ++r) {
-      const T* __restrict xr = x + r * c;
-      const T* __restrict dr = dy + r * c;
-      const T* __restrict yr = kRelu ? ys + r * c : nullptr;
+#pragma omp parallel num_threads(threads_for(n * c))
+  {
+    std::vector<Acc> acc(static_cast<std::size_t>(2 * c));
+    Acc* __restrict s = acc.data();
+    Acc* __restrict sx = s + c;
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
+      for (std::int64_t ch = 0; ch < c; ++ch) s[ch] = sx[ch] = Acc(0);
+      for (std::int64_t r = r0; r < r0 + nb; ++r) {
+        const T* __restrict xr = x + r * c;
+        const T* __restrict dr = dy + r * c;
+        const T* __restrict yr = kRelu ? ys + r * c : nullptr;
+        for (std::int64_t ch = 0; ch < c; ++ch) {
+          Acc g = load(dr[ch]);
+          if constexpr (kRelu) g = load(yr[ch]) > Acc(0) ? g : Acc(0);
+          const Acc xhat = (load(xr[ch]) - mean[ch]) * invstd[ch];
+          s[ch] += g;
+          sx[ch] += bn::mul(g, xhat);
+        }
+      }
       for (std::int64_t ch = 0; ch < c; ++ch) {
-        Acc g = load(dr[ch]);
-        if constexpr (kRelu) g = load(yr[ch]) > Acc(0) ? g : Acc(0);
-        const Acc xhat = (load(xr[ch]) - mean[ch]) * invstd[ch];
-        s[ch] += g;
-        sx[ch] += bn::mul(g, xhat);
+        bdy[ch * blocks + b] = s[ch];
+        bdyx[ch * blocks + b] = sx[ch];
       }
     }
   }
@@ -213,9 +238,12 @@ void backward_typed(const BatchNormArgs& a) {
       block_grad_sums<T, true>(x, dy, ys, n, c, mean, invstd, bdy.data(), bdyx.data());
     else
       block_grad_sums<T, false>(x, dy, ys, n, c, mean, invstd, bdy.data(), bdyx.data());
+    const Acc* pdy = bdy.data();
+    const Acc* pdyx = bdyx.data();
+#pragma omp parallel for schedule(static) num_threads(threads_for(blocks * c))
     for (std::int64_t ch = 0; ch < c; ++ch) {
-      const double sdy = bn::sum_blocks(bdy.data(), n, c, ch);
-      const double sdyx = bn::sum_blocks(bdyx.data(), n, c, ch);
+      const double sdy = bn::fixed_order_sum(blocks, [&](std::int64_t b) { return double(pdy[ch * blocks + b]); });
+      const double sdyx = bn::fixed_order_sum(blocks, [&](std::int64_t b) { return double(pdyx[ch * blocks + b]); });
       if (dgamma) dgamma[ch] = static_cast<Acc>(sdyx);
       if (dbeta) dbeta[ch] = static_cast<Acc>(sdy);
       if (n > 0) {

@@ -2,22 +2,24 @@
 // features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and
 // statistics in f32 (f64 for f64 features); at most 2^24 channels; any N (N >= 2 in training,
 // checked by the semantic layer), including none; training and eval, forward and backward,
-// optional fused ReLU. Deterministic: fixed blocks of 256 rows reduced per (block, channel) in
-// row order and combined in block order in double (no atomics), so results are bitwise the
-// same run to run and for any grid; equal to the CPU routes up to rounding.
+// optional fused ReLU. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in
+// row order, their partials summed in double in a fixed order by one warp per channel (no
+// atomics), so results are bitwise the same run to run and for any grid; the same order and
+// arithmetic as the CPU parallel route.
 //
 // The reduction order is backend/common/batch_norm.h's, the same as the CPU `parallel` route's
 // (and its arithmetic, with products kept out of FMAs: batch_norm::mul), so the two routes
 // normally agree bit for bit; the tests compare them within rounding. Three launches per pass,
 // all on the current stream of the args' device:
-//   forward, training: moments (one thread per (row block, channel): the block's mean, then
-//     its M2, reading the block's rows twice, the second time from cache) -> finalize (one thread
-//     per channel: Chan's combination over the blocks in block order, in double; mean, invstd,
-//     running statistics) -> normalize (one thread per element, grid-stride).
+//   forward, training: moments (one thread per (32-row block, channel): the block's mean, then
+//     its M2, reading the block's rows twice, the second time from cache; partials stored
+//     channel-major) -> finalize (one warp per channel: lane l sums blocks l, l + 32, ... in
+//     order, in double, then a shfl_down tree: mean, then M2; invstd, running statistics) ->
+//     normalize (one thread per element, grid-stride).
 //   forward, eval: eval_stats (one thread per channel) -> normalize.
-//   backward: grad_sums (per (row block, channel): sum dy', sum dy' * xhat) -> grad_finalize (per
-//     channel: block-order sums in double; dgamma, dbeta, the means k1, k2) -> grad_input
-//     (elementwise dx). Eval without dgamma: grad_input only.
+//   backward: grad_sums (per (block, channel): sum dy', sum dy' * xhat) -> grad_finalize (one
+//     warp per channel; dgamma, dbeta, the means k1, k2) -> grad_input (elementwise dx). Eval
+//     without dgamma: grad_input only.
 // Consecutive threads take consecutive channels of one row, so loads are coalesced for C >= 32.
 // Scratch (the block partials) comes from the stream-ordered allocator (Array::empty).
 #include <cuda_runtime.h>
@@ -69,23 +71,46 @@ __global__ void moments_kernel(const T* __restrict__ x, std::int64_t n, std::int
       const Acc d = dev_load(p[r * c]) - m;
       m2 += bn::mul(d, d);
     }
-    bmean[t] = m;
-    bm2[t] = m2;
+    const std::int64_t blocks = total / c;
+    bmean[ch * blocks + b] = m;
+    bm2[ch * blocks + b] = m2;
   }
 }
+
+// The lane order of batch_norm::fixed_order_sum: lane l holds its sum of blocks l, l + 32, ...;
+// after the tree, lane 0 holds the total (the other lanes hold partial trees).
+__device__ inline double warp_tree(double v) {
+  for (int off = bn::kLanes / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One warp per channel (warps of all blocks stride over the channels).
+__device__ inline std::int64_t warp_id() {
+  return (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / bn::kLanes;
+}
+__device__ inline std::int64_t warp_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x / bn::kLanes; }
 
 template <class Acc>
 __global__ void finalize_kernel(const Acc* __restrict__ bmean, const Acc* __restrict__ bm2, std::int64_t n,
                                 std::int64_t c, double eps, double momentum, Acc* __restrict__ mean,
                                 Acc* __restrict__ invstd, Acc* __restrict__ rm, Acc* __restrict__ rv) {
-  for (std::int64_t ch = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; ch < c;
-       ch += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    double m = 0.0, var = 0.0;
-    bn::combine_blocks(bmean, bm2, n, c, ch, m, var);
-    mean[ch] = static_cast<Acc>(m);
-    invstd[ch] = static_cast<Acc>(bn::inverse_std(var, eps));
-    if (rm) rm[ch] = static_cast<Acc>(bn::running_update(static_cast<double>(rm[ch]), m, momentum));
-    if (rv) rv[ch] = static_cast<Acc>(bn::running_update(static_cast<double>(rv[ch]), bn::unbiased(var, n), momentum));
+  const int lane = static_cast<int>(threadIdx.x % bn::kLanes);
+  const std::int64_t blocks = bn::block_count(n);
+  for (std::int64_t ch = warp_id(); ch < c; ch += warp_count()) {  // warp-uniform loop
+    double s = 0.0;
+    for (std::int64_t b = lane; b < blocks; b += bn::kLanes) s += bn::mean_term(bmean, n, blocks, ch, b);
+    s = warp_tree(s);
+    const double m = n > 0 ? __shfl_sync(0xffffffffu, s, 0) / static_cast<double>(n) : 0.0;
+    double q = 0.0;
+    for (std::int64_t b = lane; b < blocks; b += bn::kLanes) q += bn::m2_term(bmean, bm2, n, blocks, ch, b, m);
+    q = warp_tree(q);
+    if (lane == 0) {
+      const double var = n > 0 ? q / static_cast<double>(n) : 0.0;
+      mean[ch] = static_cast<Acc>(m);
+      invstd[ch] = static_cast<Acc>(bn::inverse_std(var, eps));
+      if (rm) rm[ch] = static_cast<Acc>(bn::running_update(static_cast<double>(rm[ch]), m, momentum));
+      if (rv) rv[ch] = static_cast<Acc>(bn::running_update(static_cast<double>(rv[ch]), bn::unbiased(var, n), momentum));
+    }
   }
 }
 
@@ -144,8 +169,9 @@ __global__ void grad_sums_kernel(const T* __restrict__ x, const T* __restrict__ 
       s += g;
       sx += bn::mul(g, xhat);
     }
-    bdy[t] = s;
-    bdyx[t] = sx;
+    const std::int64_t blocks = total / c;
+    bdy[ch * blocks + b] = s;
+    bdyx[ch * blocks + b] = sx;
   }
 }
 
@@ -153,14 +179,22 @@ template <class Acc>
 __global__ void grad_finalize_kernel(const Acc* __restrict__ bdy, const Acc* __restrict__ bdyx, std::int64_t n,
                                      std::int64_t c, Acc* __restrict__ dgamma, Acc* __restrict__ dbeta,
                                      Acc* __restrict__ k1, Acc* __restrict__ k2) {
-  for (std::int64_t ch = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; ch < c;
-       ch += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const double sdy = bn::sum_blocks(bdy, n, c, ch);
-    const double sdyx = bn::sum_blocks(bdyx, n, c, ch);
-    if (dgamma) dgamma[ch] = static_cast<Acc>(sdyx);
-    if (dbeta) dbeta[ch] = static_cast<Acc>(sdy);
-    k1[ch] = n > 0 ? static_cast<Acc>(sdy / static_cast<double>(n)) : Acc(0);
-    k2[ch] = n > 0 ? static_cast<Acc>(sdyx / static_cast<double>(n)) : Acc(0);
+  const int lane = static_cast<int>(threadIdx.x % bn::kLanes);
+  const std::int64_t blocks = bn::block_count(n);
+  for (std::int64_t ch = warp_id(); ch < c; ch += warp_count()) {  // warp-uniform loop
+    double s = 0.0, sx = 0.0;
+    for (std::int64_t b = lane; b < blocks; b += bn::kLanes) {
+      s += static_cast<double>(bdy[ch * blocks + b]);
+      sx += static_cast<double>(bdyx[ch * blocks + b]);
+    }
+    s = warp_tree(s);
+    sx = warp_tree(sx);
+    if (lane == 0) {
+      if (dgamma) dgamma[ch] = static_cast<Acc>(sx);
+      if (dbeta) dbeta[ch] = static_cast<Acc>(s);
+      k1[ch] = n > 0 ? static_cast<Acc>(s / static_cast<double>(n)) : Acc(0);
+      k2[ch] = n > 0 ? static_cast<Acc>(sx / static_cast<double>(n)) : Acc(0);
+    }
   }
 }
 
@@ -206,7 +240,7 @@ void forward_typed(const BatchNormArgs& a) {
       moments_kernel<T><<<grid_for(parts), kThreads, 0, s>>>(static_cast<const T*>(a.x), n, c, bmean, bm2);
       LATTICE_CUDA_CHECK_LAUNCH();
     }
-    finalize_kernel<Acc><<<grid_for(c), kThreads, 0, s>>>(bmean, bm2, n, c, a.eps, a.momentum, mean, invstd, rm, rv);
+    finalize_kernel<Acc><<<grid_for(c * bn::kLanes), kThreads, 0, s>>>(bmean, bm2, n, c, a.eps, a.momentum, mean, invstd, rm, rv);
     LATTICE_CUDA_CHECK_LAUNCH();
   } else {
     eval_stats_kernel<Acc><<<grid_for(c), kThreads, 0, s>>>(rm, rv, c, a.eps, mean, invstd);
@@ -245,7 +279,7 @@ void backward_typed(const BatchNormArgs& a) {
       grad_sums_kernel<T><<<grid_for(parts), kThreads, 0, s>>>(x, dy, ys, a.relu, n, c, mean, invstd, bdy, bdyx);
       LATTICE_CUDA_CHECK_LAUNCH();
     }
-    grad_finalize_kernel<Acc><<<grid_for(c), kThreads, 0, s>>>(bdy, bdyx, n, c, static_cast<Acc*>(a.dgamma),
+    grad_finalize_kernel<Acc><<<grid_for(c * bn::kLanes), kThreads, 0, s>>>(bdy, bdyx, n, c, static_cast<Acc*>(a.dgamma),
                                                                 static_cast<Acc*>(a.dbeta), k1, k2);
     LATTICE_CUDA_CHECK_LAUNCH();
   }
