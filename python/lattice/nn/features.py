@@ -1,6 +1,12 @@
 """Feature-only modules: rows and coordinate identity unchanged (dense ops on the (N, C) feature
 matrix, see :mod:`lattice.ops.features`).
 
+:class:`BatchNorm` (and :func:`batch_norm_relu`, with the ReLU fused) runs lattice's batch norm op
+(:func:`lattice.ops.fused_batch_norm`, route family ``batch_norm``: one autograd node, CPU threads
+and deterministic sums) whenever that is exactly what its ``torch.nn.BatchNorm1d`` child would
+compute (:func:`_lattice_batch_norm`), torch's module otherwise;
+``lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM = False`` turns the lattice path off.
+
 Batch normalisation and ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: :class:`BatchNorm` is a
 thin module around a ``torch.nn.BatchNorm1d`` child named ``bn`` (state_dict entries
 ``bn.weight``, ``bn.bias``, ``bn.running_mean`` ..., as MinkowskiEngine's; checkpoints with the
@@ -248,7 +254,8 @@ class BatchNorm(torch.nn.Module):
 
     Arguments are those of ``torch.nn.BatchNorm1d``; ``weight``, ``bias``, ``running_mean``,
     ``running_var``, ``eps``, ``momentum`` ... read through to the child. See the module docstring for
-    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``.
+    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``. The computation is lattice's batch norm op
+    when that equals the child's (:func:`_lattice_batch_norm`), else the child itself.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
