@@ -209,10 +209,11 @@ class _Spy:
 
 
 def _sparse(feats):
+    """A SparseTensor of one row per feature row (coordinates on the features' device)."""
     n = feats.shape[0]
     coords = torch.stack([torch.zeros(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32),
                           torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)], 1)
-    return lattice.SparseTensor(coords, feats)
+    return lattice.SparseTensor(coords.to(feats.device), feats)
 
 
 def _pair(c, affine=True, dtype=torch.float32, seed=0):

@@ -193,42 +193,74 @@ class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
         return out.train(module.training)
 
 
-def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> bool:
-    """Whether lattice's batch norm op (:func:`lattice.ops.fused_batch_norm`, route family
-    ``batch_norm``) computes exactly what ``bn(feats)`` would: the switch
+def _cpu_autocast_api() -> Any:
+    """torch's "is CPU autocast on" without the deprecated API where the new one exists (chosen
+    once: _autocast.autocast_dtype tries the new API per call, which raises on torch < 2.4)."""
+    try:
+        torch.is_autocast_enabled("cpu")  # type: ignore[call-arg]
+        return lambda: torch.is_autocast_enabled("cpu")  # type: ignore[call-arg]
+    except TypeError:
+        return torch.is_autocast_cpu_enabled
+
+
+_cpu_autocast_enabled = _cpu_autocast_api()
+
+
+def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tuple]:
+    """The (weight, bias, running_mean, running_var, num_batches_tracked) of ``bn`` when lattice's
+    batch norm op (:func:`lattice.ops.fused_batch_norm`, route family ``batch_norm``) computes
+    exactly what ``bn(feats)`` would, else None: the switch
     :data:`lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
     ``torch.nn.BatchNorm1d`` (not a SyncBatchNorm, not a subclass) with running statistics and a
     momentum (None: torch's cumulative average), called plainly (no hooks, no tracing); (N, C)
-    features of a float dtype on the CPU or a CUDA device; parameters and running statistics
-    float32 (float64 for float64 features) on the features' device; no CPU autocast (under CUDA
-    autocast torch's batch norm runs in the input's dtype with float32 parameters, as this op)."""
+    features of a float dtype on the CPU or a CUDA device with C = num_features; parameters and
+    running statistics float32 (float64 for float64 features) on the features' device; no CPU
+    autocast (under CUDA autocast torch's batch norm runs in the input's dtype with float32
+    parameters, as this op). Every other case (wrong shapes and devices included, whose errors
+    the torch path raises) returns None. Reads the module's dicts directly: this runs per layer
+    and step, and Module.__getattr__ costs ~0.5 us a lookup."""
     if not bn_ops.USE_LATTICE_BATCH_NORM or type(bn) is not torch.nn.BatchNorm1d:
-        return False
-    if not bn.track_running_stats or bn.momentum is None or bn.running_mean is None or bn.running_var is None:
-        return False
-    if feats.dim() != 2 or feats.dtype not in bn_ops._FEATURE_DTYPES or feats.device.type not in ("cpu", "cuda"):
-        return False
-    acc = bn_ops.param_dtype(feats.dtype)
-    for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var):
-        if t is not None and (t.dtype != acc or t.device != feats.device):
-            return False
-    if feats.device.type == "cpu" and autocast_dtype(feats.device) is not None:
-        return False
-    return _plain_call(bn)
+        return None
+    d = bn.__dict__
+    if d["momentum"] is None or not d["track_running_stats"]:
+        return None
+    params, buffers = d["_parameters"], d["_buffers"]
+    w, b = params["weight"], params["bias"]
+    rm, rv = buffers["running_mean"], buffers["running_var"]
+    if rm is None or rv is None or feats.dim() != 2 or feats.shape[1] != d["num_features"]:
+        return None
+    dtype, device = feats.dtype, feats.device
+    if dtype not in bn_ops._FEATURE_DTYPES or device.type not in ("cpu", "cuda"):
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    for t in (w, b, rm, rv):
+        if t is not None and (t.dtype != acc or t.device != device):
+            return None
+    if device.type == "cpu" and _cpu_autocast_enabled():
+        return None
+    if not _plain_call(bn):
+        return None
+    return w, b, rm, rv, buffers.get("num_batches_tracked")
 
 
-def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, feats: torch.Tensor, relu: bool, op: str) -> torch.Tensor:
-    """``bn(feats)`` (then ReLU) through lattice's op; ``num_batches_tracked`` counts as torch's."""
-    if bn.training and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-    return bn_ops.batch_norm_feats(feats, bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.training,
-                                   float(bn.momentum), float(bn.eps), relu, op=op)
+def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, state: tuple, feats: torch.Tensor, relu: bool,
+                                op: str) -> torch.Tensor:
+    """``bn(feats)`` (then ReLU) through lattice's op, ``state`` from :func:`_lattice_batch_norm`;
+    ``num_batches_tracked`` counts as torch's."""
+    w, b, rm, rv, tracked = state
+    d = bn.__dict__
+    training = d["training"]
+    if training and tracked is not None:
+        tracked.add_(1)
+    return bn_ops.BatchNormFunction.apply(feats, w, b, rm, rv, training, float(d["momentum"]), float(d["eps"]), relu,
+                                          op, None)
 
 
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
+    state = _lattice_batch_norm(bn, feats)
+    if state is not None:
+        return _lattice_batch_norm_forward(bn, state, feats, False, op)
     _check_batch_norm_input(bn, feats, op)
-    if _lattice_batch_norm(bn, feats):
-        return _lattice_batch_norm_forward(bn, feats, False, op)
     return _torch_batch_norm(bn, feats)
 
 
@@ -437,10 +469,12 @@ def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor)
     if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
         _check("ReLU", x)
         feats = x.feats
-        _check_batch_norm_input(bn.bn, feats, type(bn).__name__)
-        if _lattice_batch_norm(bn.bn, feats):  # one fused node: batch norm and ReLU
-            return x.replace_feats(_lattice_batch_norm_forward(bn.bn, feats, True, type(bn).__name__))
-        return x.replace_feats(torch.relu_(_torch_batch_norm(bn.bn, feats)))
+        child = bn.__dict__["_modules"]["bn"]
+        state = _lattice_batch_norm(child, feats)
+        if state is not None:  # one fused node: batch norm and ReLU
+            return x.replace_feats(_lattice_batch_norm_forward(child, state, feats, True, type(bn).__name__))
+        _check_batch_norm_input(child, feats, type(bn).__name__)
+        return x.replace_feats(torch.relu_(_torch_batch_norm(child, feats)))
     return relu(bn(x))
 
 

@@ -43,38 +43,36 @@ def param_dtype(feats_dtype: torch.dtype) -> torch.dtype:
 
 
 class BatchNormFunction(torch.autograd.Function):
-    """Batch norm (+ ReLU) of a feature matrix through the core (forward / backward kernels)."""
+    """Batch norm (+ ReLU) of a feature matrix through the core (forward / backward kernels).
+
+    The core keeps what the backward reads (x, y when relu, the weight, mean and invstd) as its
+    own arrays in a state object, so the backward converts only dy; x and y are also saved here,
+    so that torch's saved-tensor version check still catches an in-place change of either."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],  # type: ignore[override]
                 running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
                 momentum: float, eps: float, relu: bool, op: str, route: Optional[str]) -> torch.Tensor:
-        y, mean, invstd = core.batch_norm_forward(
+        y, state = core.batch_norm_apply(
             to_core(x), optional_core(weight), optional_core(bias), optional_core(running_mean),
             optional_core(running_var), training, relu, eps, momentum, op, route)
-        y, mean, invstd = from_core(y), from_core(mean), from_core(invstd)
-        ctx.save_for_backward(x, y if relu else None, weight, mean, invstd)
-        ctx.config = (training, relu, eps, op, route)
+        y = from_core(y)
+        ctx.state = state
+        ctx.save_for_backward(x, y if relu else None)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        x, y, weight, mean, invstd = ctx.saved_tensors
-        training, relu, eps, op, route = ctx.config
-        need_x = bool(ctx.needs_input_grad[0])
-        need_params = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
-        none = (None,) * 8
-        if not (need_x or need_params):
-            return (None, None, None) + none
-        dx, dw, db = core.batch_norm_backward(
-            to_core(grad_out.contiguous()), to_core(x), optional_core(y), optional_core(weight), to_core(mean),
-            to_core(invstd), need_x, need_params, training, relu, eps, op, route)
-        return (
-            from_core(dx) if need_x else None,
-            from_core(dw) if ctx.needs_input_grad[1] else None,
-            from_core(db) if ctx.needs_input_grad[2] else None,
-        ) + none
+        ctx.saved_tensors  # the version check of x and y (values are read from ctx.state)
+        need = ctx.needs_input_grad
+        need_params = bool(need[1] or need[2])
+        if not (need[0] or need_params):
+            return (None,) * 11
+        dx, dw, db = core.batch_norm_apply_backward(ctx.state, to_core(grad_out.contiguous()), bool(need[0]),
+                                                    need_params)
+        return (from_core(dx) if need[0] else None, from_core(dw) if need[1] else None,
+                from_core(db) if need[2] else None) + (None,) * 8
 
 
 def batch_norm_feats(feats: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
