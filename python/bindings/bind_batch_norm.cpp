@@ -83,53 +83,6 @@ void bind_batch_norm(py::module_& m) {
       "(dx, dweight, dbias) of the forward that made `state` (None where not requested).");
 
   m.def(
-      "batch_norm_forward",
-      [](const py::object& x, const py::object& weight, const py::object& bias, const py::object& running_mean,
-         const py::object& running_var, bool training, bool relu, double eps, double momentum, const std::string& op,
-         const std::optional<std::string>& route) {
-        const ops::BatchNormOptions o = options_of(op, training, relu, eps, momentum, route);
-        Array xa = array_from_capsule(x, "input");
-        Array w = array_or_undefined(weight, "weight");
-        Array b = array_or_undefined(bias, "bias");
-        Array rm = array_or_undefined(running_mean, "running_mean");
-        Array rv = array_or_undefined(running_var, "running_var");
-        ops::BatchNormOutput out;
-        {
-          py::gil_scoped_release release;
-          out = ops::batch_norm_forward(xa, w, b, rm, rv, o);
-        }
-        return py::make_tuple(capsule_from_array(out.y), capsule_from_array(out.mean), capsule_from_array(out.invstd));
-      },
-      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("running_mean"), py::arg("running_var"),
-      py::arg("training"), py::arg("relu"), py::arg("eps"), py::arg("momentum"), py::arg("op") = "batch_norm",
-      py::arg("route") = py::none(),
-      "(y, mean, invstd): batch norm of x (N, C) (+ ReLU); running statistics updated in place in training.");
-
-  m.def(
-      "batch_norm_backward",
-      [](const py::object& dy, const py::object& x, const py::object& y, const py::object& weight,
-         const py::object& mean, const py::object& invstd, bool need_input, bool need_params, bool training, bool relu,
-         double eps, const std::string& op, const std::optional<std::string>& route) {
-        const ops::BatchNormOptions o = options_of(op, training, relu, eps, 0.0, route);
-        Array d = array_from_capsule(dy, "grad_out");
-        Array xa = array_from_capsule(x, "input");
-        Array ya = array_or_undefined(y, "output");
-        Array w = array_or_undefined(weight, "weight");
-        Array ma = array_from_capsule(mean, "mean");
-        Array ia = array_from_capsule(invstd, "invstd");
-        ops::BatchNormGrads g;
-        {
-          py::gil_scoped_release release;
-          g = ops::batch_norm_backward(d, xa, ya, w, ma, ia, need_input, need_params, o);
-        }
-        return py::make_tuple(capsule_or_none(g.dx), capsule_or_none(g.dweight), capsule_or_none(g.dbias));
-      },
-      py::arg("dy"), py::arg("x"), py::arg("y"), py::arg("weight"), py::arg("mean"), py::arg("invstd"),
-      py::arg("need_input"), py::arg("need_params"), py::arg("training"), py::arg("relu"), py::arg("eps"),
-      py::arg("op") = "batch_norm", py::arg("route") = py::none(),
-      "(dx, dweight, dbias) of batch_norm_forward's output (None where not requested).");
-
-  m.def(
       "explain_batch_norm",
       [](const py::object& x, const std::string& pass, bool training, bool relu, const std::string& op) {
         BatchNormPass p;

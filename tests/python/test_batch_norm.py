@@ -117,6 +117,21 @@ def test_parallel_route_is_bitwise_the_same_for_every_thread_count():
             assert torch.equal(a, e)
 
 
+def test_the_saved_statistics_are_the_batch_or_running_ones():
+    """The state the forward leaves for the backward holds the batch mean / invstd (training) or
+    those of the running statistics (eval)."""
+    from lattice._core import core, from_core, to_core
+    x, w, b, rm, rv, _ = _data(40, 3, torch.float64, seed=8)
+    _, state = core.batch_norm_apply(to_core(x), to_core(w), to_core(b), to_core(rm.clone()), to_core(rv.clone()),
+                                     True, False, 1e-5, 0.1, "fused_batch_norm", None)
+    torch.testing.assert_close(from_core(state.mean()), x.mean(0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(from_core(state.invstd()), 1 / torch.sqrt(x.var(0, unbiased=False) + 1e-5))
+    _, state = core.batch_norm_apply(to_core(x), None, None, to_core(rm), to_core(rv), False, True, 1e-5, 0.1,
+                                     "fused_batch_norm", None)
+    torch.testing.assert_close(from_core(state.mean()), rm, rtol=0, atol=0)
+    torch.testing.assert_close(from_core(state.invstd()), 1 / torch.sqrt(rv + 1e-5))
+
+
 def test_gradcheck_float64():
     x, w, b, rm, rv, _ = _data(9, 3, torch.float64, seed=4)
     for training, relu in ((True, False), (True, True), (False, True)):
@@ -307,16 +322,17 @@ def test_parameters_of_another_dtype_fall_back_to_torch(monkeypatch):
     assert spy.calls == 1
 
 
-def test_switch_off_gives_the_same_minkunet42_training_step(monkeypatch):
-    """One MinkUNet42 (cr 0.125) training step with the lattice batch norm path and with torch's:
-    same loss, gradients and running statistics within f32 rounding."""
+def _minkunet42_step(monkeypatch, device, amp=None):
+    """One MinkUNet42 (cr 0.125) training step with the lattice batch norm path and with torch's
+    (``amp``: under torch.autocast of that dtype): (loss, grads, state) of each, and the proof
+    that every batch norm of the model ran lattice's op in the first and none in the second."""
     g = torch.Generator().manual_seed(0)
     rows = torch.unique(torch.randint(0, 20, (400, 3), generator=g), dim=0)
-    coords = torch.cat([torch.zeros(len(rows), 1, dtype=torch.int64), rows], 1).int()
-    feats = torch.randn(len(coords), 4, generator=g)
-    labels = torch.randint(0, 19, (len(coords),), generator=g)
+    coords = torch.cat([torch.zeros(len(rows), 1, dtype=torch.int64), rows], 1).int().to(device)
+    feats = torch.randn(len(coords), 4, generator=g).to(device)
+    labels = torch.randint(0, 19, (len(coords),), generator=g).to(device)
     torch.manual_seed(0)
-    model = models.MinkUNet42(cr=0.125)
+    model = models.MinkUNet42(cr=0.125).to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     results = []
     spy = _Spy(monkeypatch)
@@ -326,15 +342,25 @@ def test_switch_off_gives_the_same_minkunet42_training_step(monkeypatch):
         model.load_state_dict(state)
         model.train()
         model.zero_grad(set_to_none=True)
-        out = model(lattice.SparseTensor(coords, feats))
-        loss = torch.nn.functional.cross_entropy(out.feats, labels)
+        if amp is None:
+            out = model(lattice.SparseTensor(coords, feats))
+        else:
+            with torch.autocast(device.type, dtype=amp):
+                out = model(lattice.SparseTensor(coords, feats))
+        loss = torch.nn.functional.cross_entropy(out.feats.float(), labels)
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         results.append((loss.detach(), grads, {k: v.clone() for k, v in model.state_dict().items()}))
         # every batch norm of the model ran lattice's op, or none did
         n_bn = sum(isinstance(mod, lnn.BatchNorm) for mod in model.modules())
         assert spy.calls - before == (n_bn if use else 0) and n_bn > 20
-    (l1, g1, s1), (l2, g2, s2) = results
+    return results
+
+
+def test_switch_off_gives_the_same_minkunet42_training_step(monkeypatch):
+    """A MinkUNet42 training step with lattice's batch norm equals the one with torch's: same
+    loss, gradients and running statistics within f32 rounding."""
+    (l1, g1, s1), (l2, g2, s2) = _minkunet42_step(monkeypatch, torch.device("cpu"))
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
     for n in g1:
         torch.testing.assert_close(g1[n], g2[n], rtol=2e-3, atol=2e-5, msg=n)
@@ -418,3 +444,21 @@ def test_cuda_autocast_gives_torch_dtypes_and_values(monkeypatch, amp):
             assert u.dtype == v.dtype
             torch.testing.assert_close(u.float(), v.float(), rtol=10 * tol, atol=10 * tol)
     assert spy.calls == 2
+
+
+@needs_cuda
+@pytest.mark.parametrize("amp", [None, torch.float16])
+def test_cuda_minkunet42_training_step_equals_the_torch_path(monkeypatch, amp):
+    """The MinkUNet42 step on CUDA (float32, and under torch.autocast("cuda", float16)): lattice's
+    batch norm path against torch's, loss and gradients within the precision's rounding."""
+    (l1, g1, s1), (l2, g2, s2) = _minkunet42_step(monkeypatch, CUDA, amp)
+    tol = 1e-4 if amp is None else 2e-2
+    torch.testing.assert_close(l1, l2, rtol=tol, atol=tol)
+    for n in g1:
+        scale = float(g2[n].abs().max()) + 1e-6
+        torch.testing.assert_close(g1[n] / scale, g2[n] / scale, rtol=0, atol=10 * tol, msg=n)
+    for k in s1:
+        if s1[k].is_floating_point():
+            torch.testing.assert_close(s1[k], s2[k], rtol=10 * tol, atol=10 * tol, msg=k)
+        else:
+            assert torch.equal(s1[k], s2[k]), k
