@@ -574,8 +574,8 @@ struct PointGroupResult {
 //   dbeta = sum dy', dgamma = sum dy' * xhat (when not null; both or neither);
 //   dx (when not null) = gamma * invstd * (dy' - mean(dy') - xhat * mean(dy' * xhat)) in training,
 //   gamma * invstd * dy' in eval.
-// Sums over rows run in a fixed order (backend/common/batch_norm.h: fixed row blocks combined in
-// block order), never depending on the thread count or the grid.
+// Sums over rows run in a fixed order (backend/common/batch_norm.h: fixed row blocks whose
+// partials are summed in a fixed lane order), never depending on the thread count or the grid.
 struct BatchNormArgs {
   Dtype dtype = Dtype::f32;
   std::int64_t n = 0;

@@ -1,7 +1,7 @@
 // Batch norm (+ fused ReLU) on the CPU (src/backend/cpu/batch_norm/{parallel,reference}.cpp
 // through lattice::ops::batch_norm_forward / _backward): the `parallel` route equals the scalar
 // `reference` route within rounding for every float dtype, train / eval, with and without ReLU
-// and affine parameters, at row counts around the 256-row block size; it is bitwise the same for
+// and affine parameters, at row counts around the 32-row block size; it is bitwise the same for
 // every thread count; f16 features with a large mean keep their variance (no E[x^2] - E[x]^2
 // cancellation); the semantic layer's errors have lattice's "[op] argument: expected ..., got ..."
 // form; N = 0 leaves the running statistics alone; the table chooses `parallel` on the CPU.
@@ -31,7 +31,7 @@ std::string name_of(const Case& k) {
 
 TEST(BatchNorm, ParallelRouteEqualsReferenceRoute) {
   for (Dtype d : {Dtype::f64, Dtype::f32, Dtype::f16, Dtype::bf16})
-    for (std::int64_t n : {2, 255, 257, 700})
+    for (std::int64_t n : {2, 31, 32, 33, 257, 700})
       for (std::int64_t c : {1, 3, 17})
         for (int mode = 0; mode < 4; ++mode) {
           Case k;

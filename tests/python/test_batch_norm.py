@@ -462,3 +462,16 @@ def test_cuda_minkunet42_training_step_equals_the_torch_path(monkeypatch, amp):
             torch.testing.assert_close(s1[k], s2[k], rtol=10 * tol, atol=10 * tol, msg=k)
         else:
             assert torch.equal(s1[k], s2[k]), k
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_cuda_explain_follows_the_admission_table(name):
+    """lattice.explain of the batch norm on CUDA features lists the family's routes with the
+    admission table's verdicts (tests/python/cuda_admission.py) and chooses its route."""
+    x = torch.zeros(8, 3, dtype=DTYPES[name], device=CUDA)
+    for pass_ in ("forward", "backward"):
+        for training in (True, False):
+            e = lattice.explain("fused_batch_norm", x, training=training, relu=True, pass_=pass_)
+            geometry = "training" if training else "eval"
+            assert adm.assert_explanation(e, "batch_norm", pass_, name, geometry, adm.device_tier()) == "cuda"

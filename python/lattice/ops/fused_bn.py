@@ -12,8 +12,9 @@ dtypes: features float16 / bfloat16 / float32 (float64 too); the per-channel ten
 bias, running statistics) float32, float64 for float64 features (the dtypes of a BatchNorm1d
 under torch.autocast, whose batch norm runs in the input's dtype with float32 parameters). The
 statistics and arithmetic are float32 for 16-bit features, the output rounded once.
-Deterministic: every sum over rows runs in a fixed order (fixed 256-row blocks combined in block
-order), so results are bitwise the same for any thread count and on every run.
+Deterministic: every sum over rows runs in a fixed order (fixed 32-row blocks whose partials are
+summed in a fixed order, src/backend/common/batch_norm.h), so results are bitwise the same for
+any thread count and on every run.
 
 :class:`lattice.nn.BatchNorm` and lattice.models' ``batch_norm_relu`` use this op when it is
 exactly torch's computation (see :func:`lattice.nn.features._lattice_batch_norm`); the module
