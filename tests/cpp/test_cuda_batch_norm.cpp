@@ -66,7 +66,7 @@ TEST(CudaBatchNorm, LargeRowCounts) {
   for (Dtype d : {Dtype::f32, Dtype::f16, Dtype::bf16})
     for (std::int64_t c : {3, 64, 256})
       for (int mode : {0, 2}) {
-        if (c == 256 && d != Dtype::f16) continue;
+        if (c == 256 && (d != Dtype::f16 || mode != 2)) continue;  // 51M elements: one case
         Case k = make_case(d, 200003, c, mode);
         k.offset = d == Dtype::f32 ? 100.0 : 0.0;
         const auto gpu = run(k, RouteId::batch_norm_cuda, kGpu);

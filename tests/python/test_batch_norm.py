@@ -304,6 +304,10 @@ def test_the_lattice_path_only_where_equivalent(monkeypatch):
     assert not runs_lattice(lnn.SyncBatchNorm(4))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not runs_lattice(lnn.BatchNorm(4))
+    with monkeypatch.context() as m:  # what dynamo's tracing reports (torch.compile keeps torch's op)
+        m.setattr(nnf, "_is_compiling", lambda: True)
+        assert not runs_lattice(lnn.BatchNorm(4))
+    assert runs_lattice(lnn.BatchNorm(4))
     monkeypatch.setattr(B, "USE_LATTICE_BATCH_NORM", False)
     assert not runs_lattice(lnn.BatchNorm(4))
     assert not runs_lattice(lnn.BatchNorm(4), lambda x: nnf.batch_norm_relu(lnn.BatchNorm(4), lnn.ReLU(), x))

@@ -206,13 +206,29 @@ def _cpu_autocast_api() -> Any:
 _cpu_autocast_enabled = _cpu_autocast_api()
 
 
+def _is_compiling_api() -> Any:
+    """Whether dynamo (torch.compile) is tracing the caller: its graphs keep torch's batch norm
+    (lattice's core call would be a graph break inside every layer; lattice._compile)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
+        return compiler.is_compiling
+    dynamo = getattr(torch, "_dynamo", None)
+    if dynamo is not None and hasattr(dynamo, "is_compiling"):  # torch 2.0 .. 2.2
+        return dynamo.is_compiling
+    return lambda: False  # torch 1.13: no dynamo
+
+
+_is_compiling = _is_compiling_api()
+
+
 def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tuple]:
     """The (weight, bias, running_mean, running_var, num_batches_tracked) of ``bn`` when lattice's
     batch norm op (:func:`lattice.ops.fused_batch_norm`, route family ``batch_norm``) computes
     exactly what ``bn(feats)`` would, else None: the switch
     :data:`lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
     ``torch.nn.BatchNorm1d`` (not a SyncBatchNorm, not a subclass) with running statistics and a
-    momentum (None: torch's cumulative average), called plainly (no hooks, no tracing); (N, C)
+    momentum (None: torch's cumulative average), called plainly (no hooks, no tracing by
+    lattice.export or torch.compile: their graphs keep torch's batch norm); (N, C)
     features of a float dtype on the CPU or a CUDA device with C = num_features; parameters and
     running statistics float32 (float64 for float64 features) on the features' device; no CPU
     autocast (under CUDA autocast torch's batch norm runs in the input's dtype with float32
@@ -238,7 +254,7 @@ def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tu
             return None
     if device.type == "cpu" and _cpu_autocast_enabled():
         return None
-    if not _plain_call(bn):
+    if _is_compiling() or not _plain_call(bn):
         return None
     return w, b, rm, rv, buffers.get("num_batches_tracked")
 
