@@ -241,7 +241,7 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
         ("reference", ALL, ALL, ALL, _every_tier(_ON_CPU)),
     ],
     "batch_norm": [
-        # batch_norm/blocked.cu: every float dtype, pass and mode, any tier (channels below 2^24)
+        # batch_norm/blocked.cu: every float dtype, pass and mode, any shape, any tier
         ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
         *[(r, ALL, ALL, ALL, _every_tier(_ON_CPU)) for r in CPU_ROUTES["batch_norm"]],
     ],
