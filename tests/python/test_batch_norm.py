@@ -314,12 +314,15 @@ def test_the_lattice_path_only_where_equivalent(monkeypatch):
 
 
 def test_parameters_of_another_dtype_fall_back_to_torch(monkeypatch):
-    """f64 parameters with f32 features are not lattice's dtypes: torch runs (and raises its own
-    mixed-dtype error); f64 parameters with f64 features run the lattice op and equal torch."""
+    """f64 parameters with f32 features are not lattice's dtypes: torch runs (whatever it does
+    with mixed dtypes: torch 1.13 raises); f64 parameters with f64 features run the lattice op
+    and equal torch."""
     spy = _Spy(monkeypatch)
     m = lnn.BatchNorm(4).double()
-    with pytest.raises(RuntimeError):
+    try:
         m(_sparse(torch.randn(30, 4)))
+    except RuntimeError:
+        pass
     assert spy.calls == 0
     m, ref = lnn.BatchNorm(4).double(), torch.nn.BatchNorm1d(4).double()
     _compare_with_torch(m, ref, torch.randn(30, 4, dtype=torch.float64), True, True, tol=1e-12)

@@ -27,7 +27,6 @@
 #include <cstdint>
 
 #include "backend/common/batch_norm.h"
-#include "backend/cuda/common/compact.cuh"
 #include "backend/cuda/common/float16.cuh"
 #include "backend/cuda/runtime/check.h"
 #include "backend/cuda/runtime/stream.h"
