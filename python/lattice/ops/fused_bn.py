@@ -6,7 +6,8 @@ optionally followed by ReLU, as one autograd node: one core call forward (2-3 ke
 one backward (dx, dweight, dbias together). Semantics are torch's BatchNorm1d's: training
 normalises with the rows' mean and biased variance and updates the running statistics in place
 with the unbiased one (N / (N - 1)); eval uses the running statistics; N = 1 in training raises
-ValueError, N = 0 returns an empty output and leaves the running statistics alone.
+ValueError, N = 0 returns an empty output and leaves the running statistics alone. Gradients
+of x, weight and bias (once differentiable: no double backward, unlike torch's).
 
 dtypes: features float16 / bfloat16 / float32 (float64 too); the per-channel tensors (weight,
 bias, running statistics) float32, float64 for float64 features (the dtypes of a BatchNorm1d
@@ -34,7 +35,6 @@ from ..tensor import SparseTensor
 # (False: always torch's BatchNorm1d, e.g. to compare the two).
 USE_LATTICE_BATCH_NORM = True
 
-ROUTES_FAMILY = "batch_norm"
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
