@@ -252,6 +252,8 @@ def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tu
     for t in (w, b, rm, rv):
         if t is not None and (t.dtype != acc or t.device != device):
             return None
+    if not (rm.is_contiguous() and rv.is_contiguous()):  # updated in place through DLPack
+        return None
     if device.type == "cpu" and _cpu_autocast_enabled():
         return None
     if _is_compiling() or not _plain_call(bn):

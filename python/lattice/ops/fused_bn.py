@@ -87,6 +87,10 @@ def batch_norm_feats(feats: torch.Tensor, running_mean: Optional[torch.Tensor], 
     for what, v in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         if v is not None and not isinstance(v, torch.Tensor):
             raise TypeError(f"[{op}] {what}: expected a torch.Tensor or None, got {type(v).__name__}")
+    for what, v in (("running_mean", running_mean), ("running_var", running_var)):
+        # updated in place: a strided one would reach the core as a contiguous copy on CUDA
+        if v is not None and not v.is_contiguous():
+            raise ValueError(f"[{op}] {what}: expected a contiguous tensor (it is updated in place), got a strided one")
     if route is not None and not isinstance(route, str):
         raise TypeError(f"[{op}] route: expected a route name or None, got {type(route).__name__}")
     for what, v in (("momentum", momentum), ("eps", eps)):
