@@ -7,6 +7,7 @@
 #include "lattice/core/vocab.h"
 #include "lattice/io/io.h"
 #include "lattice/ops/algebra.h"
+#include "lattice/ops/batch_norm.h"
 #include "lattice/ops/conv.h"
 #include "lattice/ops/coords.h"
 #include "lattice/ops/diagnostics.h"

@@ -39,5 +39,6 @@ void bind_point_voxel(py::module_& m);
 void bind_pool(py::module_& m);
 void bind_algebra(py::module_& m);
 void bind_coords(py::module_& m);
+void bind_batch_norm(py::module_& m);
 
 }  // namespace lattice::python

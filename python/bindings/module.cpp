@@ -106,4 +106,5 @@ PYBIND11_MODULE(_lattice, m) {
   python::bind_pool(m);
   python::bind_algebra(m);
   python::bind_coords(m);
+  python::bind_batch_norm(m);
 }

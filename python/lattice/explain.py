@@ -10,6 +10,7 @@ from .ops import conv as _conv
 from .ops import point_voxel as _point_voxel
 from .ops import pool as _pool
 from .ops import algebra as _algebra
+from .ops import fused_bn as _batch_norm
 from .ops import coords as _coords
 from .ops import quantized as _quantized
 
@@ -20,7 +21,8 @@ _KIND = {
     "generative_conv_transpose3d": lambda kw: "generative",
 }
 
-# Feature ops (lattice.ops.features): torch's dense kernels on the feature matrix, no lattice route.
+# Feature ops (lattice.ops.features): torch's dense kernels on the feature matrix, no lattice route
+# (lattice.ops.fused_batch_norm, the batch norm lattice.nn.BatchNorm runs, has its route table).
 FEATURE_OPS = ("relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "linear", "batch_norm",
                "layer_norm", "rms_norm", "dropout")
 
@@ -76,12 +78,15 @@ def explain(op: str, *args: Any, pass_: str = "forward", **kwargs: Any) -> Any:
         return _pool.explain_pool(op, args, kwargs, pass_)
     if op in _algebra.EXPLAINED:
         return _algebra.explain(op, *args, pass_=pass_, **kwargs)
+    if op == "fused_batch_norm":
+        return _batch_norm.explain(args[0] if args else kwargs.get("input"), training=bool(kwargs.get("training", False)),
+                                   relu=bool(kwargs.get("relu", False)), pass_=pass_)
     if op in _coords.EXPLAINED:
         return _coords.explain(op, *args, **kwargs)
     if op in FEATURE_OPS:
         return FeatureOpExplanation(op)
     known = ", ".join(sorted([*_KIND, "sparse_quantize", *_point_voxel.EXPLAINED, *_pool.POOL_OPS,
-                              *_algebra.EXPLAINED, *_coords.EXPLAINED, *FEATURE_OPS]))
+                              *_algebra.EXPLAINED, *_coords.EXPLAINED, *FEATURE_OPS, "fused_batch_norm"]))
     raise ValueError(f"[explain] op: expected one of {known}, got {op!r}")
 
 

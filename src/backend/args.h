@@ -557,4 +557,47 @@ struct PointGroupResult {
   Array voxel_ptr;  // (M + 1) int64
   Array point_idx;  // (P) int64, ascending within each voxel
 };
+
+// ---- batch normalisation (family "batch_norm") -------------------------------------------------
+
+// Batch norm over the n rows of x (n, c), then an optional ReLU. x, y, dy, dx of `dtype`; every
+// per-channel vector (gamma, beta, running stats, mean, invstd, dgamma, dbeta) of the accumulation
+// dtype Accum<T> (f32 for f16 / bf16 / f32 features, f64 for f64). Null gamma means 1, null beta 0.
+//
+// forward, training: mean / invstd (biased variance) of the rows are written to `mean` /
+//   `invstd`; running_mean / running_var (when not null) become (1 - momentum) * running +
+//   momentum * batch (the unbiased variance, n / (n - 1)); n >= 2 (checked by the semantic layer).
+// forward, eval: mean = running_mean, invstd = 1 / sqrt(running_var + eps) are written to
+//   `mean` / `invstd` (what backward reads), running stats required and not modified.
+// Both: y = (x - mean) * invstd * gamma + beta, then max(y, 0) when relu.
+// backward: dy' = relu ? (y > 0 ? dy : 0) : dy (y: the forward's output); xhat = (x - mean) * invstd;
+//   dbeta = sum dy', dgamma = sum dy' * xhat (when not null; both or neither);
+//   dx (when not null) = gamma * invstd * (dy' - mean(dy') - xhat * mean(dy' * xhat)) in training,
+//   gamma * invstd * dy' in eval.
+// Sums over rows run in a fixed order (backend/common/batch_norm.h: fixed row blocks whose
+// partials are summed in a fixed lane order), never depending on the thread count or the grid.
+struct BatchNormArgs {
+  Dtype dtype = Dtype::f32;
+  std::int64_t n = 0;
+  std::int64_t c = 0;
+  bool training = true;
+  bool relu = false;
+  double eps = 1e-5;
+  double momentum = 0.1;
+  const void* x = nullptr;        // (n, c)       forward, backward
+  const void* gamma = nullptr;    // (c) or null  forward, backward
+  const void* beta = nullptr;     // (c) or null  forward
+  void* running_mean = nullptr;   // (c) or null  forward (updated in place in training)
+  void* running_var = nullptr;    // (c) or null  forward
+  void* y = nullptr;              // (n, c)       forward output
+  void* mean = nullptr;           // (c)          forward output, backward input
+  void* invstd = nullptr;         // (c)          forward output, backward input
+  const void* y_saved = nullptr;  // (n, c)       backward with relu: the forward's y
+  const void* dy = nullptr;       // (n, c)       backward
+  void* dx = nullptr;             // (n, c) or null   backward output
+  void* dgamma = nullptr;         // (c) or null      backward output
+  void* dbeta = nullptr;          // (c) or null      backward output
+  Device device{};
+};
+
 }  // namespace lattice::backend

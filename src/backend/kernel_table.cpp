@@ -71,6 +71,7 @@ const PointIndexKernels* find_point_index_kernels(RouteId id) { return registere
 const AlgebraKernels* find_algebra_kernels(RouteId id) { return registered_kernels<AlgebraKernels>(id); }
 const CoordsKernels* find_coords_kernels(RouteId id) { return registered_kernels<CoordsKernels>(id); }
 const RelationKernels* find_relation_kernels(RouteId id) { return registered_kernels<RelationKernels>(id); }
+const BatchNormKernels* find_batch_norm_kernels(RouteId id) { return registered_kernels<BatchNormKernels>(id); }
 
 const std::vector<KernelRegistration>& kernel_registrations() {
   static const std::vector<KernelRegistration> all{

@@ -31,6 +31,7 @@ const PointIndexKernels* find_point_index_kernels(RouteId id);
 const AlgebraKernels* find_algebra_kernels(RouteId id);
 const CoordsKernels* find_coords_kernels(RouteId id);
 const RelationKernels* find_relation_kernels(RouteId id);
+const BatchNormKernels* find_batch_norm_kernels(RouteId id);
 
 // One route's registration in this build: LATTICE_ROUTE_KERNELS(Kernels, route, ...) in `file`.
 struct KernelRegistration {

@@ -159,6 +159,15 @@ struct RelationKernels {
   Array (*row_order)(const Array& map) = nullptr;
 };
 
+// Batch normalisation (+ fused ReLU) of an (N, C) feature matrix (family "batch_norm"); the
+// semantic layer has validated shapes, dtypes and devices (args.h BatchNormArgs).
+using BatchNormFn = void (*)(const BatchNormArgs&);
+struct BatchNormKernels {
+  static constexpr std::string_view family = "batch_norm";
+  BatchNormFn forward = nullptr;
+  BatchNormFn backward = nullptr;
+};
+
 }  // namespace lattice::backend
 
 // LATTICE_ROUTE_KERNELS(Kernels, route, {.field = device::function, ...});

@@ -150,4 +150,12 @@ std::string to_string(const DequantizeProblem& p) {
   return p.op + " decode: " + std::string(to_string(p.dtype)) + " weight on " + to_string(p.device);
 }
 
+std::string_view to_string(BatchNormPass pass) { return pass == BatchNormPass::forward ? "forward" : "backward"; }
+
+std::string to_string(const BatchNormProblem& p) {
+  return p.op + " " + std::string(to_string(p.pass)) + " (" + (p.training ? "training" : "eval") +
+         (p.relu ? ", fused relu" : "") + "): " + std::string(to_string(p.dtype)) + " on " + to_string(p.device) +
+         ", N=" + std::to_string(p.n_rows) + " C=" + std::to_string(p.channels);
+}
+
 }  // namespace lattice

@@ -18,7 +18,7 @@ const std::vector<RouteInfo>& route_table() {
                         route_detail::algebra_route_infos, route_detail::coords_route_infos,
                         route_detail::quantized_route_infos, route_detail::relation_route_infos,
                         route_detail::pool_edges_route_infos, route_detail::point_index_route_infos,
-                        route_detail::dequantize_route_infos}) {
+                        route_detail::dequantize_route_infos, route_detail::batch_norm_route_infos}) {
       std::vector<RouteInfo> rows;
       family(rows);
       std::stable_sort(rows.begin(), rows.end(),

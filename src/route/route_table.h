@@ -38,6 +38,7 @@ void relation_route_infos(std::vector<RouteInfo>& out);
 void pool_edges_route_infos(std::vector<RouteInfo>& out);
 void point_index_route_infos(std::vector<RouteInfo>& out);
 void dequantize_route_infos(std::vector<RouteInfo>& out);
+void batch_norm_route_infos(std::vector<RouteInfo>& out);
 
 inline Verdict needs_cpu(const Device& device) {
   if (!device.is_cpu()) return Verdict::no("runs on cpu; the data is on " + to_string(device));

@@ -56,6 +56,7 @@ const void* lookup(std::string_view family, RouteId id) {
   if (family == "algebra") return backend::find_algebra_kernels(id);
   if (family == "coords") return backend::find_coords_kernels(id);
   if (family == "relation") return backend::find_relation_kernels(id);
+  if (family == "batch_norm") return backend::find_batch_norm_kernels(id);
   ADD_FAILURE() << "family " << family << " has no lookup in this test (add it with its find_* function)";
   return nullptr;
 }

@@ -466,7 +466,7 @@ TEST(RelationRoutes, PriorDecisionsRenderFirst) {
 TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
   const auto& rows = route_table();
   // RouteId values are contiguous from 0; the last one declared closes the range.
-  const int n_ids = static_cast<int>(RouteId::quantized_cuda_decode_conv) + 1;
+  const int n_ids = static_cast<int>(RouteId::batch_norm_cuda) + 1;
   EXPECT_EQ(rows.size(), static_cast<std::size_t>(n_ids));
   for (int i = 0; i < n_ids; ++i) {
     const auto id = static_cast<RouteId>(i);
@@ -488,7 +488,7 @@ TEST(RouteTable, FamiliesAndNamesComeFromTheRows) {
   const auto families = route_families();
   const std::vector<std::string_view> expected{"conv", "quantize", "point_voxel", "pool",
                                                "algebra", "coords", "quantized", "relation",
-                                               "pool_edges", "point_index", "dequantize"};
+                                               "pool_edges", "point_index", "dequantize", "batch_norm"};
   EXPECT_EQ(families, expected);
   // Rank order within a family, CUDA routes included (the old hand-written lists omitted them).
   const std::vector<std::string_view> conv{"pointwise_matmul", "gather_gemm_scatter", "implicit_gemm_sm80",

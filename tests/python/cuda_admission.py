@@ -105,6 +105,7 @@ ROUTES = {
     "pool_edges": ("cuda", "reference"),
     "point_index": ("cuda", "reference"),
     "dequantize": ("cuda", "reference"),
+    "batch_norm": ("cuda", "parallel", "reference"),
 }
 CPU_ROUTES = {
     "conv": ("pointwise_matmul", "gather_gemm_scatter", "reference"),
@@ -118,6 +119,7 @@ CPU_ROUTES = {
     "pool_edges": ("reference",),
     "point_index": ("reference",),
     "dequantize": ("reference",),
+    "batch_norm": ("parallel", "reference"),
 }
 
 CONV_KINDS = ("submanifold", "forward", "target", "transposed", "transposed_target", "generative")
@@ -156,6 +158,8 @@ AXES: dict[str, tuple[tuple[str, ...], Callable[[str], tuple[str, ...]], Callabl
     "point_index": (("batch_ids", "group"), lambda p: ("i32",), lambda p: ("-",)),
     # the whole-weight decoder, by output dtype
     "dequantize": (("forward",), lambda p: FLOATS, lambda p: ("-",)),
+    # batch norm (+ fused ReLU) of the feature matrix; geometry: training or eval
+    "batch_norm": (("forward", "backward"), lambda p: FLOATS, lambda p: ("training", "eval")),
 }
 
 ALL = None  # a rule field that covers every value of its axis
@@ -239,6 +243,11 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
     "dequantize": [
         ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
         ("reference", ALL, ALL, ALL, _every_tier(_ON_CPU)),
+    ],
+    "batch_norm": [
+        # batch_norm/blocked.cu: every float dtype, pass and mode, any shape, any tier
+        ("cuda", ALL, ALL, ALL, _every_tier(ADMITTED)),
+        *[(r, ALL, ALL, ALL, _every_tier(_ON_CPU)) for r in CPU_ROUTES["batch_norm"]],
     ],
 }
 

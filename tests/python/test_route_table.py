@@ -23,7 +23,7 @@ from lattice._core import core
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("conv", "quantize", "point_voxel", "pool", "algebra", "coords", "quantized", "relation", "pool_edges",
-            "point_index", "dequantize")
+            "point_index", "dequantize", "batch_norm")
 
 
 def _constraints_paragraph(path: Path) -> str:
@@ -40,7 +40,7 @@ def _constraints_paragraph(path: Path) -> str:
 def test_the_table_has_every_family_and_unique_names():
     rows = routes.route_table()
     assert tuple(routes.route_families()) == FAMILIES
-    assert len(rows) == 31, [(r["family"], r["name"]) for r in rows]
+    assert len(rows) == 34, [(r["family"], r["name"]) for r in rows]
     keys = [(r["family"], r["name"]) for r in rows]
     assert len(set(keys)) == len(keys)
     for fam in FAMILIES:

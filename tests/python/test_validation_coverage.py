@@ -48,6 +48,7 @@ FILE_OPS = {
     "coords.cpp": ["lookup_coords", "morton_codes", "morton_order", "downsample_coords", "crop",
                    "prune", "from_dense", "sparse_collate", "dense", "union_coords",
                    "intersection_coords"],
+    "batch_norm.cpp": ["fused_batch_norm", "BatchNorm", "batch_norm"],
     "point_voxel.cpp": ["voxelize", "devoxelize", "build_point_voxel_map"],
     "pool.cpp": ["pool3d", "sum_pool3d", "avg_pool3d", "max_pool3d", "global_sum_pool",
                  "global_avg_pool", "global_max_pool", "pool_transpose3d", "trilinear_upsample3d"],

@@ -192,4 +192,21 @@ struct DequantizeProblem {
 };
 std::string to_string(const DequantizeProblem& problem);
 
+// Batch normalisation over the rows of an (N, C) feature matrix, with an optional fused ReLU
+// (family "batch_norm"): the forward pass (batch statistics in training, running statistics in
+// eval) or the backward pass (dx, dgamma, dbeta).
+enum class BatchNormPass { forward, backward };
+std::string_view to_string(BatchNormPass pass);
+struct BatchNormProblem {
+  std::string op = "batch_norm";
+  BatchNormPass pass = BatchNormPass::forward;
+  bool training = true;
+  bool relu = false;
+  Dtype dtype = Dtype::f32;  // features
+  Device device;
+  std::int64_t n_rows = 0;
+  std::int64_t channels = 0;
+};
+std::string to_string(const BatchNormProblem& problem);
+
 }  // namespace lattice

@@ -50,6 +50,9 @@ enum class RouteId {
   dequantize_reference,
   dequantize_cuda,
   quantized_cuda_decode_conv,
+  batch_norm_reference,
+  batch_norm_parallel,
+  batch_norm_cuda,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text
@@ -146,6 +149,8 @@ Explanation explain(const PointIndexProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
 Explanation explain(const DequantizeProblem& problem, const DeviceCaps& caps,
                     const RoutePolicy& policy = {});
+Explanation explain(const BatchNormProblem& problem, const DeviceCaps& caps,
+                    const RoutePolicy& policy = {});
 
 // The route explain() would choose, without rendering anything (the hot path of every op). Same
 // rows, same order, same policy handling as explain(); tests assert select() == explain().chosen.
@@ -160,6 +165,7 @@ std::optional<RouteId> select(const RelationProblem& problem, const DeviceCaps& 
 std::optional<RouteId> select(const PoolEdgesProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 std::optional<RouteId> select(const PointIndexProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 std::optional<RouteId> select(const DequantizeProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
+std::optional<RouteId> select(const BatchNormProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
 
 // The relation views conv route `route` reads in `pass` (RelationView bits, lattice/core/vocab.h), declared beside its
 // row in src/route/conv_routes.cpp and matching its kernel file; kViewAll for a route of

@@ -1,6 +1,12 @@
 """Feature-only modules: rows and coordinate identity unchanged (dense ops on the (N, C) feature
 matrix, see :mod:`lattice.ops.features`).
 
+:class:`BatchNorm` (and :func:`batch_norm_relu`, with the ReLU fused) runs lattice's batch norm op
+(:func:`lattice.ops.fused_batch_norm`, route family ``batch_norm``: one autograd node, CPU threads
+and deterministic sums) whenever that is exactly what its ``torch.nn.BatchNorm1d`` child would
+compute (:func:`_lattice_batch_norm`), torch's module otherwise;
+``lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM = False`` turns the lattice path off.
+
 Batch normalisation and ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: :class:`BatchNorm` is a
 thin module around a ``torch.nn.BatchNorm1d`` child named ``bn`` (state_dict entries
 ``bn.weight``, ``bn.bias``, ``bn.running_mean`` ..., as MinkowskiEngine's; checkpoints with the
@@ -38,6 +44,7 @@ import torch
 
 from .._autocast import autocast_dtype
 from .._device import check_device
+from ..ops import fused_bn as bn_ops
 from ..ops import conv as conv_ops
 from ..ops import features as ops
 from ..tensor import SparseTensor
@@ -186,12 +193,104 @@ class SyncBatchNorm1d(torch.nn.modules.batchnorm._BatchNorm):
         return out.train(module.training)
 
 
+def _cpu_autocast_api() -> Any:
+    """torch's "is CPU autocast on" without the deprecated API where the new one exists (chosen
+    once: _autocast.autocast_dtype tries the new API per call, which raises on torch < 2.4)."""
+    try:
+        torch.is_autocast_enabled("cpu")  # type: ignore[call-arg]
+        return lambda: torch.is_autocast_enabled("cpu")  # type: ignore[call-arg]
+    except TypeError:
+        return torch.is_autocast_cpu_enabled
+
+
+_cpu_autocast_enabled = _cpu_autocast_api()
+
+
+def _is_compiling_api() -> Any:
+    """Whether dynamo (torch.compile) is tracing the caller: its graphs keep torch's batch norm
+    (lattice's core call would be a graph break inside every layer; lattice._compile)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
+        return compiler.is_compiling
+    dynamo = getattr(torch, "_dynamo", None)
+    if dynamo is not None and hasattr(dynamo, "is_compiling"):  # torch 2.0 .. 2.2
+        return dynamo.is_compiling
+    return lambda: False  # torch 1.13: no dynamo
+
+
+_is_compiling = _is_compiling_api()
+
+
+def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tuple]:
+    """The (weight, bias, running_mean, running_var, num_batches_tracked) of ``bn`` when lattice's
+    batch norm op (:func:`lattice.ops.fused_batch_norm`, route family ``batch_norm``) computes
+    exactly what ``bn(feats)`` would, else None: the switch
+    :data:`lattice.ops.fused_bn.USE_LATTICE_BATCH_NORM` on; ``bn`` exactly a
+    ``torch.nn.BatchNorm1d`` (not a SyncBatchNorm, not a subclass) with running statistics and a
+    momentum (None: torch's cumulative average), called plainly (no hooks, no tracing by
+    lattice.export or torch.compile: their graphs keep torch's batch norm); (N, C)
+    features of a float dtype on the CPU or a CUDA device with C = num_features; parameters and
+    running statistics float32 (float64 for float64 features) on the features' device; no CPU
+    autocast (under CUDA autocast torch's batch norm runs in the input's dtype with float32
+    parameters, as this op). Every other case (wrong shapes and devices included, whose errors
+    the torch path raises) returns None. Reads the module's dicts directly: this runs per layer
+    and step, and Module.__getattr__ costs ~0.5 us a lookup."""
+    if not bn_ops.USE_LATTICE_BATCH_NORM or type(bn) is not torch.nn.BatchNorm1d:
+        return None
+    d = bn.__dict__
+    if d["momentum"] is None or not d["track_running_stats"]:
+        return None
+    params, buffers = d["_parameters"], d["_buffers"]
+    w, b = params["weight"], params["bias"]
+    rm, rv = buffers["running_mean"], buffers["running_var"]
+    if rm is None or rv is None or feats.dim() != 2 or feats.shape[1] != d["num_features"]:
+        return None
+    dtype, device = feats.dtype, feats.device
+    if dtype not in bn_ops._FEATURE_DTYPES or device.type not in ("cpu", "cuda"):
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    for t in (w, b, rm, rv):
+        if t is not None and (t.dtype != acc or t.device != device):
+            return None
+    if not (rm.is_contiguous() and rv.is_contiguous()):  # updated in place through DLPack
+        return None
+    if device.type == "cpu" and _cpu_autocast_enabled():
+        return None
+    if _is_compiling() or not _plain_call(bn):
+        return None
+    return w, b, rm, rv, buffers.get("num_batches_tracked")
+
+
+def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, state: tuple, feats: torch.Tensor, relu: bool,
+                                op: str) -> torch.Tensor:
+    """``bn(feats)`` (then ReLU) through lattice's op, ``state`` from :func:`_lattice_batch_norm`;
+    ``num_batches_tracked`` counts as torch's."""
+    w, b, rm, rv, tracked = state
+    d = bn.__dict__
+    training = d["training"]
+    if training and tracked is not None:
+        tracked.add_(1)
+    return bn_ops.BatchNormFunction.apply(feats, w, b, rm, rv, training, float(d["momentum"]), float(d["eps"]), relu,
+                                          op, None)
+
+
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
+    state = _lattice_batch_norm(bn, feats)
+    if state is not None:
+        return _lattice_batch_norm_forward(bn, state, feats, False, op)
+    _check_batch_norm_input(bn, feats, op)
+    return _torch_batch_norm(bn, feats)
+
+
+def _check_batch_norm_input(bn: torch.nn.Module, feats: torch.Tensor, op: str) -> None:
     if feats.shape[1] != bn.num_features:  # torch would say "running_mean should contain C elements not ..."
         raise ValueError(f"[{op}] input: expected features with C={bn.num_features} channels ({op}({bn.num_features})), "
                          f"got {feats.shape[1]} channels (shape {tuple(feats.shape)})")
     for what in ("weight", "bias", "running_mean", "running_var"):
         check_device(op, what, getattr(bn, what, None), feats.device)
+
+
+def _torch_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> torch.Tensor:
     if isinstance(bn, torch.nn.SyncBatchNorm) and not feats.is_cuda:
         # a child converted by torch's convert_sync_batchnorm: lattice's CPU path (DDP refuses a
         # CPU module holding a torch SyncBatchNorm, but a process group without DDP works)
@@ -205,7 +304,8 @@ class BatchNorm(torch.nn.Module):
 
     Arguments are those of ``torch.nn.BatchNorm1d``; ``weight``, ``bias``, ``running_mean``,
     ``running_var``, ``eps``, ``momentum`` ... read through to the child. See the module docstring for
-    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``.
+    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``. The computation is lattice's batch norm op
+    when that equals the child's (:func:`_lattice_batch_norm`), else the child itself.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
@@ -379,11 +479,20 @@ def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor)
     batch norm allocates it and nobody else has seen it) and batch norm's backward does not read
     it, so the values and gradients are those of ``relu(bn(x))`` exactly, minus one allocation and
     one pass over the features (issue 17: -25 to -35% of the pair's forward on kitti-sized
-    matrices). Otherwise the two modules are called as usual."""
+    matrices). When lattice's batch norm op applies (:func:`_lattice_batch_norm`: a plain
+    BatchNorm1d child, float features on CPU or CUDA, ...) batch norm and ReLU are one lattice
+    autograd node instead (route family ``batch_norm``: the ReLU fused into the normalisation
+    kernel, its backward masking dy by the saved output). Otherwise the two modules are called as
+    usual."""
     if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
         _check("ReLU", x)
-        y = BatchNorm.forward(bn, x)  # type: ignore[arg-type]
-        return y.replace_feats(torch.relu_(y.feats))
+        feats = x.feats
+        child = bn.__dict__["_modules"]["bn"]
+        state = _lattice_batch_norm(child, feats)
+        if state is not None:  # one fused node: batch norm and ReLU
+            return x.replace_feats(_lattice_batch_norm_forward(child, state, feats, True, type(bn).__name__))
+        _check_batch_norm_input(child, feats, type(bn).__name__)
+        return x.replace_feats(torch.relu_(_torch_batch_norm(child, feats)))
     return relu(bn(x))
 
 

@@ -15,6 +15,7 @@ from .features import (
     softplus,
     tanh,
 )
+from .fused_bn import fused_batch_norm
 from .algebra import sparse_add, sparse_cat_aligned, sparse_maximum, sparse_minimum, sparse_mul, sparse_sub
 from .coords import (
     contains_coords,
@@ -68,6 +69,7 @@ __all__ = [
 ]
 __all__ += ["linear", "relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "batch_norm", "layer_norm",
             "rms_norm", "dropout"]
+__all__ += ["fused_batch_norm"]
 __all__ += ["sparse_add", "sparse_sub", "sparse_mul", "sparse_maximum", "sparse_minimum", "sparse_cat_aligned"]
 __all__ += ["union_coords", "intersection_coords", "lookup_coords", "contains_coords", "downsample_coords", "morton_codes",
             "morton_order", "prune", "crop", "sparse_collate", "sparse_from_coordinates", "dense", "from_dense"]

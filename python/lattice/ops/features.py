@@ -3,7 +3,10 @@ identity (``key``) are unchanged, so relations cached for the input are reused b
 
 They are dense ops on the (N, C) feature matrix — thin wrappers over ``torch.nn.functional``
 (autograd and devices are torch's) that check their input is a SparseTensor. They run no lattice
-route: ``lattice.explain(op)`` says so (torch's dense kernel on the feature matrix).
+route: ``lattice.explain(op)`` says so (torch's dense kernel on the feature matrix). The one
+exception is batch normalisation as :class:`lattice.nn.BatchNorm` runs it:
+:func:`lattice.ops.fused_batch_norm` (:mod:`lattice.ops.fused_bn`, route family ``batch_norm``,
+optionally with a fused ReLU) is lattice's own op; :func:`batch_norm` here stays torch's.
 float16/bfloat16 features on the CPU are computed in float32 and rounded once at the end (torch's CPU kernels do not cover every op in
 16-bit, and this matches lattice's f32 accumulation rule); elsewhere torch's own kernels run.
 """
