@@ -210,9 +210,12 @@ def test_only_the_running_statistics_are_modified():
 # ---- the nn hook against torch.nn.BatchNorm1d --------------------------------------------------------
 
 class _Spy:
-    """Counts calls of the lattice autograd Function (proves which path ran)."""
+    """Counts calls of the lattice autograd Function (proves which path ran). The tests that use
+    it exercise lattice.nn's lattice path, so it also opts CUDA in (``NN_DEVICES``; off by
+    default, see lattice.ops.fused_bn)."""
 
     def __init__(self, monkeypatch):
+        monkeypatch.setattr(B, "NN_DEVICES", frozenset({"cpu", "cuda"}))
         self.calls = 0
         original = B.BatchNormFunction.apply
 
@@ -284,6 +287,27 @@ def test_no_rows_match_torch(monkeypatch):
     _compare_with_torch(m, ref, torch.zeros(0, 3), True, True)
     assert spy.calls == 1 and int(m.bn.num_batches_tracked) == 1
     assert torch.equal(m.bn.running_mean, torch.full((3,), 2.0))
+
+
+def test_lattice_nn_uses_the_op_on_the_cpu_only_by_default():
+    """The default device set of the nn hook: CPU. The CUDA route is not used by lattice.nn until
+    its open differences (lattice.ops.fused_bn.NN_DEVICES) are resolved; features on a device not in
+    the set take torch's batch norm."""
+    assert B.NN_DEVICES == frozenset({"cpu"})
+    m = lnn.BatchNorm(4)
+    x = torch.randn(50, 4)
+    calls = []
+    original = B.BatchNormFunction.apply
+    try:
+        B.BatchNormFunction.apply = lambda *a: calls.append(1) or original(*a)
+        m(_sparse(x))
+        assert calls == [1]
+        B.NN_DEVICES = frozenset()
+        m(_sparse(x))
+        assert calls == [1]  # torch's batch norm ran
+    finally:
+        B.BatchNormFunction.apply = original
+        B.NN_DEVICES = frozenset({"cpu"})
 
 
 def test_the_lattice_path_only_where_equivalent(monkeypatch):
