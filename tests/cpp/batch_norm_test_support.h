@@ -55,6 +55,11 @@ struct Case {
 
 struct Result {
   std::vector<double> y, mean, invstd, rm, rv, dx, dw, db;
+  // Per output element, the rounding any route in the accumulation type makes in y through
+  // x - mean: a few units u of |x| + |mean|, scaled by |gamma| * invstd. It dominates when a
+  // channel's rows are close (N = 2: x - mean is a small difference of two large values), as in
+  // torch's own f32 batch norm; expect_results_close adds it to y's bound.
+  std::vector<double> y_slack;
 };
 
 inline Result run(const Case& k, RouteId route, Device device = Device::cpu()) {
@@ -84,8 +89,17 @@ inline Result run(const Case& k, RouteId route, Device device = Device::cpu()) {
   const ops::BatchNormOutput f = ops::batch_norm_forward(xa, wa, ba, rma, rva, o);
   const Array dya = make(k.dtype, dy, {k.n, k.c}, device);
   const ops::BatchNormGrads g = ops::batch_norm_backward(dya, xa, f.y, wa, f.mean, f.invstd, true, true, o);
-  return {values(f.y), values(f.mean), values(f.invstd), values(rma), values(rva),
-          values(g.dx),  values(g.dweight), values(g.dbias)};
+  Result r{values(f.y), values(f.mean), values(f.invstd), values(rma), values(rva),
+           values(g.dx),  values(g.dweight), values(g.dbias), {}};
+  const double u = acc == Dtype::f64 ? 0x1p-53 : 0x1p-24;
+  const std::vector<double> xs = values(xa);
+  r.y_slack.resize(nc);
+  for (std::size_t i = 0; i < nc; ++i) {
+    const std::size_t ch = i % c;
+    const double gamma = k.affine ? std::fabs(w[ch]) : 1.0;
+    r.y_slack[i] = 4.0 * u * (std::fabs(xs[i]) + std::fabs(r.mean[ch])) * r.invstd[ch] * gamma;
+  }
+  return r;
 }
 
 // |a - e| <= tol * max(|e|, scale), scale = max(mean |e|, floor): the oracle rule of tests/oracle
@@ -93,14 +107,14 @@ inline Result run(const Case& k, RouteId route, Device device = Device::cpu()) {
 // from terms of the size of gamma * invstd * dy (exactly 0 but for eps at N = 2), so its error is
 // that of the terms.
 inline void expect_close(const std::vector<double>& a, const std::vector<double>& e, double tol, const std::string& what,
-                         double floor = 1e-3) {
+                         double floor = 1e-3, const std::vector<double>* slack = nullptr) {
   ASSERT_EQ(a.size(), e.size()) << what;
   double scale = 0.0;
   for (double v : e) scale += std::fabs(v);
   scale = std::max(e.empty() ? 0.0 : scale / static_cast<double>(e.size()), floor);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const double lim = tol * std::max(std::fabs(e[i]), scale);
+    const double lim = tol * std::max(std::fabs(e[i]), scale) + (slack ? (*slack)[i] : 0.0);
     if (!(std::fabs(a[i] - e[i]) <= lim)) {
       if (bad++ < 3) ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << e[i] << " (tol " << lim << ")";
     }
@@ -122,7 +136,7 @@ inline double tol_of(Dtype d) {
 
 inline void expect_results_close(const Result& a, const Result& e, Dtype d, const std::string& what) {
   const double t = tol_of(d), ts = d == Dtype::f64 ? 1e-10 : 2e-5;  // statistics are f32 / f64
-  expect_close(a.y, e.y, t, what + " y");
+  expect_close(a.y, e.y, t, what + " y", 1e-3, e.y_slack.size() == e.y.size() ? &e.y_slack : nullptr);
   expect_close(a.mean, e.mean, ts, what + " mean");
   expect_close(a.invstd, e.invstd, ts * 10, what + " invstd");
   expect_close(a.rm, e.rm, ts, what + " running_mean");

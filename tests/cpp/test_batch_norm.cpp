@@ -32,7 +32,7 @@ std::string name_of(const Case& k) {
 TEST(BatchNorm, ParallelRouteEqualsReferenceRoute) {
   for (Dtype d : {Dtype::f64, Dtype::f32, Dtype::f16, Dtype::bf16})
     for (std::int64_t n : {2, 31, 32, 33, 257, 700})
-      for (std::int64_t c : {1, 3, 17})
+      for (std::int64_t c : {1, 3, 17, 256})
         for (int mode = 0; mode < 4; ++mode) {
           Case k;
           k.dtype = d;
