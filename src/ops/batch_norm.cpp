@@ -80,6 +80,22 @@ const backend::BatchNormKernels& kernels_for(const BatchNormProblem& p, const Ro
 
 const void* ptr_or_null(const Array& a) { return a.defined() ? a.raw_data() : nullptr; }
 
+// The arguments both passes share: shape, mode, options, x and gamma on x's device.
+backend::BatchNormArgs base_args(const Array& x, const Array& w, const BatchNormOptions& o) {
+  backend::BatchNormArgs a;
+  a.dtype = x.dtype();
+  a.n = x.dim(0);
+  a.c = x.dim(1);
+  a.training = o.training;
+  a.relu = o.relu;
+  a.eps = o.eps;
+  a.momentum = o.momentum;
+  a.x = x.raw_data();
+  a.gamma = ptr_or_null(w);
+  a.device = x.device();
+  return a;
+}
+
 }  // namespace
 
 BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const Array& bias, const Array& running_mean,
@@ -109,16 +125,7 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   out.y = Array::empty({n, c}, x.dtype(), x.device());
   out.mean = Array::empty({c}, acc, x.device());
   out.invstd = Array::empty({c}, acc, x.device());
-  backend::BatchNormArgs a;
-  a.dtype = x.dtype();
-  a.n = n;
-  a.c = c;
-  a.training = o.training;
-  a.relu = o.relu;
-  a.eps = o.eps;
-  a.momentum = o.momentum;
-  a.x = x.raw_data();
-  a.gamma = ptr_or_null(w);
+  backend::BatchNormArgs a = base_args(x, w, o);
   a.beta = ptr_or_null(b);
   // Training on no rows: nothing to learn from, the running statistics stay (as torch's).
   const bool update = !(o.training && n == 0);
@@ -127,7 +134,6 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   a.y = out.y.raw_data();
   a.mean = out.mean.raw_data();
   a.invstd = out.invstd.raw_data();
-  a.device = x.device();
   k.forward(a);
   return out;
 }
@@ -170,16 +176,7 @@ BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const 
   const Array w = weight.defined() ? weight.contiguous() : Array{};
   const Array m = mean.contiguous();
   const Array is = invstd.contiguous();
-  backend::BatchNormArgs a;
-  a.dtype = x.dtype();
-  a.n = n;
-  a.c = c;
-  a.training = o.training;
-  a.relu = o.relu;
-  a.eps = o.eps;
-  a.momentum = o.momentum;
-  a.x = x.raw_data();
-  a.gamma = ptr_or_null(w);
+  backend::BatchNormArgs a = base_args(x, w, o);
   a.mean = m.raw_data();
   a.invstd = is.raw_data();
   a.y_saved = ptr_or_null(y);
@@ -194,7 +191,6 @@ BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const 
     a.dgamma = g.dweight.raw_data();
     a.dbeta = g.dbias.raw_data();
   }
-  a.device = x.device();
   k.backward(a);
   return g;
 }

@@ -47,6 +47,13 @@ CheckedWeight check_weight(const ConvPlan& plan, const Array& feats, const Array
   const std::string expected = "(C_out, " + std::to_string(k[0]) + ", " + std::to_string(k[1]) + ", " +
                                std::to_string(k[2]) + ", C_in=" + std::to_string(c_in) + ") or (" +
                                std::to_string(kv) + ", C_in=" + std::to_string(c_in) + ", C_out)";
+  // any_dtype: contiguous_as converts among f16 / bf16 / f32 and between f32 and f64 only
+  if (any_dtype && weight.dtype() != feats.dtype() && (size_of(weight.dtype()) == 2 || size_of(feats.dtype()) == 2) &&
+      (weight.dtype() == Dtype::f64 || feats.dtype() == Dtype::f64))
+    throw_type_error(op, "weight",
+                     std::string("float16, bfloat16 or float32 for ") + std::string(to_string(feats.dtype())) +
+                         " features",
+                     to_string(weight.dtype()));
   CheckedWeight out;
   if (weight.ndim() == 5) {
     if (weight.dim(1) != k[0] || weight.dim(2) != k[1] || weight.dim(3) != k[2] || weight.dim(4) != c_in)
@@ -209,8 +216,11 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     args.rel = view_for(plan, chosen.id, ConvPass::weight_grad);
     chosen.kernels.weight_grad(args);
     const WeightGradForm form = request.weight_as.value_or(WeightGradForm{w.layout, weight.dtype()});
-    if (!is_floating(form.dtype))
-      throw_type_error(plan.op, "weight_grad_dtype", "a float dtype", to_string(form.dtype));
+    if (!is_floating(form.dtype) ||
+        (form.dtype != x.dtype() && form.dtype == Dtype::f64 && size_of(x.dtype()) == 2))
+      throw_type_error(plan.op, "weight_grad_dtype",
+                       std::string("a float dtype (float64 only for float32 or float64 features)"),
+                       std::string(to_string(form.dtype)) + " for " + std::string(to_string(x.dtype())) + " features");
     if (form.layout == WeightLayout::dense) {
       // kernel-major (k, ci, co) is at (k * C_in + ci) * C_out + co: as (C_out, K, C_in), strides
       // (1, C_in * C_out, C_out); one pass that permutes and converts

@@ -58,8 +58,11 @@ struct Result {
   // Per output element, the rounding any route in the accumulation type makes in y through
   // x - mean: a few units u of |x| + |mean|, scaled by |gamma| * invstd. It dominates when a
   // channel's rows are close (N = 2: x - mean is a small difference of two large values), as in
-  // torch's own f32 batch norm; expect_results_close adds it to y's bound.
+  // torch's own f32 batch norm. expect_results_close adds it to y's bound only when the expected
+  // side is the reference route (double arithmetic, so it does not make that rounding); two fast
+  // routes, which round alike, are held to the plain bound.
   std::vector<double> y_slack;
+  bool reference = false;
 };
 
 inline Result run(const Case& k, RouteId route, Device device = Device::cpu()) {
@@ -90,7 +93,7 @@ inline Result run(const Case& k, RouteId route, Device device = Device::cpu()) {
   const Array dya = make(k.dtype, dy, {k.n, k.c}, device);
   const ops::BatchNormGrads g = ops::batch_norm_backward(dya, xa, f.y, wa, f.mean, f.invstd, true, true, o);
   Result r{values(f.y), values(f.mean), values(f.invstd), values(rma), values(rva),
-           values(g.dx),  values(g.dweight), values(g.dbias), {}};
+           values(g.dx),  values(g.dweight), values(g.dbias), {}, route == RouteId::batch_norm_reference};
   const double u = acc == Dtype::f64 ? 0x1p-53 : 0x1p-24;
   const std::vector<double> xs = values(xa);
   r.y_slack.resize(nc);
@@ -136,7 +139,7 @@ inline double tol_of(Dtype d) {
 
 inline void expect_results_close(const Result& a, const Result& e, Dtype d, const std::string& what) {
   const double t = tol_of(d), ts = d == Dtype::f64 ? 1e-10 : 2e-5;  // statistics are f32 / f64
-  expect_close(a.y, e.y, t, what + " y", 1e-3, e.y_slack.size() == e.y.size() ? &e.y_slack : nullptr);
+  expect_close(a.y, e.y, t, what + " y", 1e-3, e.reference && e.y_slack.size() == e.y.size() ? &e.y_slack : nullptr);
   expect_close(a.mean, e.mean, ts, what + " mean");
   expect_close(a.invstd, e.invstd, ts * 10, what + " invstd");
   expect_close(a.rm, e.rm, ts, what + " running_mean");

@@ -68,7 +68,8 @@ def test_compute_weight_rejects_what_it_cannot_convert(device) -> None:
     x, dense, p = _setup(device, torch.float16)
     with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight: expected a float dtype, got int32"):
         core.conv_compute_weight(p, to_core(x.feats), to_core(dense.to(torch.int32)))
-    with pytest.raises(TypeError, match=r"contiguous_as: expected a conversion among float16, bfloat16, float32"):
+    with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight: expected float16, bfloat16 or float32 for float16 "
+                                        r"features, got float64"):
         core.conv_compute_weight(p, to_core(x.feats), to_core(dense.double()))
     with pytest.raises(ValueError, match=r"\[subm_conv3d\] weight: expected \(C_out, 3, 1, 3, C_in=12\)"):
         core.conv_compute_weight(p, to_core(x.feats), to_core(dense[..., :5].contiguous()))
@@ -93,8 +94,12 @@ def test_weight_grad_in_the_callers_form(device, layout) -> None:
     assert torch.equal(dw, want)
     with pytest.raises(ValueError, match=r"weight_grad_layout: expected weight_grad_layout and weight_grad_dtype"):
         core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, layout, None)
-    with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight_grad_dtype: expected a float dtype, got int32"):
+    with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight_grad_dtype: expected a float dtype \(float64 only "
+                                        r"for float32 or float64 features\), got int32 for float16 features"):
         core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, layout, "int32")
+    with pytest.raises(TypeError, match=r"\[subm_conv3d\] weight_grad_dtype: expected a float dtype \(float64 only "
+                                        r"for float32 or float64 features\), got float64 for float16 features"):
+        core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, layout, "float64")
     with pytest.raises(ValueError, match=r"weight_grad_layout: expected 'dense' or 'kernel_major', got 'nhwc'"):
         core.conv_backward(p, to_core(x.feats), to_core(w16), to_core(dy), False, True, False, "nhwc", "float32")
 
