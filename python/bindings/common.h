@@ -16,7 +16,15 @@ namespace lattice::python {
 
 namespace py = pybind11;
 
-// Consumes a "dltensor" capsule (renaming it "used_dltensor" as the protocol requires).
+// A core Array held on the Python side (core.hold, lattice._core.held): an argument that is passed
+// to many calls unchanged (a module's parameters and running statistics) crosses DLPack once and is
+// then passed as this object. It shares the tensor's memory and keeps it alive.
+struct HeldArray {
+  Array array;
+};
+
+// Consumes a "dltensor" capsule (renaming it "used_dltensor" as the protocol requires), or takes
+// the Array of a HeldArray (not consumed: it can be passed again).
 Array array_from_capsule(const py::object& capsule, const char* what);
 std::optional<Array> optional_array(const py::object& capsule, const char* what);
 // A new "dltensor" capsule owning a reference to `array`'s storage.

@@ -8,9 +8,11 @@
 namespace lattice::python {
 
 Array array_from_capsule(const py::object& obj, const char* what) {
-  if (!PyCapsule_CheckExact(obj.ptr()))
+  if (!PyCapsule_CheckExact(obj.ptr())) {
+    if (py::isinstance<HeldArray>(obj)) return obj.cast<const HeldArray&>().array;
     throw TypeError(std::string("[lattice] ") + what + ": expected a DLPack capsule, got " +
                     std::string(py::str(obj.get_type())));
+  }
   if (!PyCapsule_IsValid(obj.ptr(), "dltensor"))
     throw ValueError(std::string("[lattice] ") + what + ": expected an unconsumed DLPack capsule, got a used one");
   auto* managed = static_cast<LatticeDLManagedTensor*>(PyCapsule_GetPointer(obj.ptr(), "dltensor"));
@@ -97,6 +99,14 @@ PYBIND11_MODULE(_lattice, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   });
+  py::class_<python::HeldArray>(m, "HeldArray",
+                                "A core array held across calls (lattice._core.held); ops take it where they take a capsule.")
+      .def_property_readonly("data_ptr", [](const python::HeldArray& h) {
+        return reinterpret_cast<std::uintptr_t>(h.array.raw_data());
+      });
+  m.def(
+      "hold", [](const py::object& capsule) { return python::HeldArray{python::array_from_capsule(capsule, "array")}; },
+      py::arg("capsule"), "A HeldArray of a DLPack capsule (consumes it): pass it to ops in place of a capsule.");
   python::bind_core(m);
   python::bind_conv(m);
   python::bind_quantize(m);

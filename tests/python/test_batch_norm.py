@@ -211,11 +211,12 @@ def test_only_the_running_statistics_are_modified():
 
 class _Spy:
     """Counts calls of the lattice autograd Function (proves which path ran). The tests that use
-    it exercise lattice.nn's lattice path, so it also opts CUDA in (``NN_DEVICES``; off by
-    default, see lattice.ops.fused_bn)."""
+    it exercise lattice.nn's lattice path, so it also opts CUDA in for eval mode
+    (``NN_EVAL_DEVICES``; torch's batch norm by default there, see lattice.ops.fused_bn)."""
 
     def __init__(self, monkeypatch):
         monkeypatch.setattr(B, "NN_DEVICES", frozenset({"cpu", "cuda"}))
+        monkeypatch.setattr(B, "NN_EVAL_DEVICES", frozenset({"cpu", "cuda"}))
         self.calls = 0
         original = B.BatchNormFunction.apply
 
@@ -289,25 +290,75 @@ def test_no_rows_match_torch(monkeypatch):
     assert torch.equal(m.bn.running_mean, torch.full((3,), 2.0))
 
 
-def test_lattice_nn_uses_the_op_on_the_cpu_only_by_default():
-    """The default device set of the nn hook: CPU. The CUDA route is not used by lattice.nn until
-    its open differences (lattice.ops.fused_bn.NN_DEVICES) are resolved; features on a device not in
-    the set take torch's batch norm."""
-    assert B.NN_DEVICES == frozenset({"cpu"})
+def test_lattice_nn_device_sets_decide_the_path(monkeypatch):
+    """The default device sets of the nn hook: training on the CPU and CUDA, eval on the CPU only
+    (lattice.ops.fused_bn: torch's single eval kernel is cheaper on CUDA). Features on a device
+    outside the set of their mode take torch's batch norm; the mode picks the set."""
+    assert B.NN_DEVICES == frozenset({"cpu", "cuda"})
+    assert B.NN_EVAL_DEVICES == frozenset({"cpu"})
     m = lnn.BatchNorm(4)
     x = torch.randn(50, 4)
     calls = []
     original = B.BatchNormFunction.apply
+    monkeypatch.setattr(B.BatchNormFunction, "apply", lambda *a: calls.append(1) or original(*a))
+    m.train()
+    m(_sparse(x))
+    m.eval()
+    m(_sparse(x))
+    assert calls == [1, 1]
+    monkeypatch.setattr(B, "NN_DEVICES", frozenset())
+    m.train()
+    m(_sparse(x))
+    assert calls == [1, 1]  # torch's batch norm ran in training
+    m.eval()
+    m(_sparse(x))
+    assert calls == [1, 1, 1]  # the eval set still has the CPU
+    monkeypatch.setattr(B, "NN_EVAL_DEVICES", frozenset())
+    m(_sparse(x))
+    assert calls == [1, 1, 1]
+
+
+def test_held_parameters_follow_their_tensors():
+    """The batch norm's per-channel tensors reach the core as held arrays (lattice._held): an
+    in-place change is seen, a new storage gives a new array, a dead tensor drops its entry, and
+    the results equal the plain capsule path's bits."""
+    from lattice import _held
+    m = lnn.BatchNorm(5)
+    m.eval()
+    with torch.no_grad():
+        m.bn.running_mean.copy_(torch.randn(5))
+        m.bn.running_var.copy_(torch.rand(5) + 0.5)
+        m.bn.weight.copy_(torch.randn(5))
+    x = torch.randn(40, 5)
+    ref = torch.nn.functional.batch_norm(x, m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias, False)
+    torch.testing.assert_close(m(_sparse(x)).feats, ref)
+    first = _held.held(m.bn.weight)
+    assert _held.held(m.bn.weight) is first  # held across calls
+    with torch.no_grad():
+        m.bn.weight.mul_(2.0)  # in place: the held array sees it
+    assert _held.held(m.bn.weight) is first
+    ref2 = torch.nn.functional.batch_norm(x, m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias, False)
+    torch.testing.assert_close(m(_sparse(x)).feats, ref2)
+    assert not torch.equal(ref, ref2)
+    m.bn.weight.data = torch.ones(5)  # a new storage: a new held array
+    assert _held.held(m.bn.weight) is not first
+    ref3 = torch.nn.functional.batch_norm(x, m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias, False)
+    torch.testing.assert_close(m(_sparse(x)).feats, ref3)
+    t = torch.randn(3)
+    _held.held(t)
+    key = id(t)
+    assert key in _held._HELD
+    del t
+    assert key not in _held._HELD
+    # bitwise the same as passing capsules
+    y1 = B.batch_norm_feats(x, m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias, False)
+    monkeypatch_free = B.optional_held
     try:
-        B.BatchNormFunction.apply = lambda *a: calls.append(1) or original(*a)
-        m(_sparse(x))
-        assert calls == [1]
-        B.NN_DEVICES = frozenset()
-        m(_sparse(x))
-        assert calls == [1]  # torch's batch norm ran
+        B.optional_held = lambda v: None if v is None else lattice._core.to_core(v)
+        y2 = B.batch_norm_feats(x, m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias, False)
     finally:
-        B.BatchNormFunction.apply = original
-        B.NN_DEVICES = frozenset({"cpu"})
+        B.optional_held = monkeypatch_free
+    assert torch.equal(y1, y2)
 
 
 def test_the_lattice_path_only_where_equivalent(monkeypatch):

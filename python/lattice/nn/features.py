@@ -246,7 +246,8 @@ def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tu
     if rm is None or rv is None or feats.dim() != 2 or feats.shape[1] != d["num_features"]:
         return None
     dtype, device = feats.dtype, feats.device
-    if dtype not in bn_ops._FEATURE_DTYPES or device.type not in bn_ops.NN_DEVICES:
+    if dtype not in bn_ops._FEATURE_DTYPES or \
+            device.type not in (bn_ops.NN_DEVICES if d["training"] else bn_ops.NN_EVAL_DEVICES):
         return None
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     for t in (w, b, rm, rv):

@@ -28,20 +28,21 @@ from typing import Any, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._core import core, from_core, optional_core, to_core
+from .._core import core, from_core, to_core
+from .._held import optional_held
 from ..tensor import SparseTensor
 
 # lattice.nn's BatchNorm / batch_norm_relu run this op where it is equivalent to torch's
 # (False: always torch's BatchNorm1d, e.g. to compare the two).
 USE_LATTICE_BATCH_NORM = True
-# The device types on which lattice.nn uses this op by default. CUDA is not among them yet: on the
-# H200 (2026-12-02, issue 12) one CUDA route test failed (float32, N=2, ~4e-5 relative against the
-# reference where the tolerance is 2e-5), a MinkUNet42 autocast-f16 training step's gradients
-# differed from the torch path's by more than the test's bound in one shortcut layer (unexplained),
-# and eval-mode inference through it was slower than torch's batch norm (kitti MinkUNet42 `.half()`
-# 8.2 -> 11.4 ms). The op and its CUDA route stay callable (lattice.ops.fused_batch_norm);
-# ``NN_DEVICES = frozenset({"cpu", "cuda"})`` opts lattice.nn in.
-NN_DEVICES = frozenset({"cpu"})
+# The device types on which lattice.nn uses this op by default: NN_DEVICES in training mode,
+# NN_EVAL_DEVICES in eval mode. On CUDA the op is used in training only. In eval mode its two
+# launches (running statistics, then normalisation) cost more host time than torch's one kernel
+# plus the in-place ReLU (kitti MinkUNet42 `.half()` inference 8.2 -> 11.4 ms on the H200,
+# 2026-12-02), and eval has no reduction whose order could differ: torch's kernel is
+# deterministic there. Setting both to frozenset({"cpu"}) gives torch's batch norm on CUDA.
+NN_DEVICES = frozenset({"cpu", "cuda"})
+NN_EVAL_DEVICES = frozenset({"cpu"})
 
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -62,9 +63,11 @@ class BatchNormFunction(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],  # type: ignore[override]
                 running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
                 momentum: float, eps: float, relu: bool, op: str, route: Optional[str]) -> torch.Tensor:
+        # the per-channel tensors are a module's parameters and buffers, the same tensors on every
+        # call: their core arrays are held across calls (lattice._held)
         y, state = core.batch_norm_apply(
-            to_core(x), optional_core(weight), optional_core(bias), optional_core(running_mean),
-            optional_core(running_var), training, relu, eps, momentum, op, route)
+            to_core(x), optional_held(weight), optional_held(bias), optional_held(running_mean),
+            optional_held(running_var), training, relu, eps, momentum, op, route)
         y = from_core(y)
         ctx.state = state
         ctx.save_for_backward(x, y if relu else None)
