@@ -528,13 +528,40 @@ def test_cuda_autocast_gives_torch_dtypes_and_values(monkeypatch, amp):
     assert spy.calls == 2
 
 
+def _minkunet42_exact_grads():
+    """The gradients of _minkunet42_step's step in float64 on the CPU with torch's batch norm (the
+    same seeds, input and weights): the yardstick of the 16-bit steps."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.unique(torch.randint(0, 20, (400, 3), generator=g), dim=0)
+    coords = torch.cat([torch.zeros(len(rows), 1, dtype=torch.int64), rows], 1).int()
+    feats = torch.randn(len(coords), 4, generator=g).double()
+    labels = torch.randint(0, 19, (len(coords),), generator=g)
+    torch.manual_seed(0)
+    model = models.MinkUNet42(cr=0.125).double()
+    model.train()
+    saved = B.USE_LATTICE_BATCH_NORM
+    try:
+        B.USE_LATTICE_BATCH_NORM = False
+        out = model(lattice.SparseTensor(coords, feats))
+    finally:
+        B.USE_LATTICE_BATCH_NORM = saved
+    torch.nn.functional.cross_entropy(out.feats, labels).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def _global_error(grads, exact):
+    """|g - g64| / |g64| over all parameters' gradients as one vector (2-norms)."""
+    d = torch.cat([(grads[n].double().cpu() - exact[n]).flatten() for n in exact])
+    e = torch.cat([exact[n].flatten() for n in exact])
+    return float(d.norm() / e.norm())
+
+
 @needs_cuda
-@pytest.mark.parametrize("amp", [None, torch.float16])
-def test_cuda_minkunet42_training_step_equals_the_torch_path(monkeypatch, amp):
-    """The MinkUNet42 step on CUDA (float32, and under torch.autocast("cuda", float16)): lattice's
-    batch norm path against torch's, loss and gradients within the precision's rounding."""
-    (l1, g1, s1), (l2, g2, s2) = _minkunet42_step(monkeypatch, CUDA, amp)
-    tol = 1e-4 if amp is None else 2e-2
+def test_cuda_minkunet42_training_step_equals_the_torch_path(monkeypatch):
+    """The float32 MinkUNet42 step on CUDA: lattice's batch norm path against torch's, loss and
+    gradients within float32 rounding."""
+    (l1, g1, s1), (l2, g2, s2) = _minkunet42_step(monkeypatch, CUDA)
+    tol = 1e-4
     torch.testing.assert_close(l1, l2, rtol=tol, atol=tol)
     for n in g1:
         scale = float(g2[n].abs().max()) + 1e-6
@@ -544,6 +571,44 @@ def test_cuda_minkunet42_training_step_equals_the_torch_path(monkeypatch, amp):
             torch.testing.assert_close(s1[k], s2[k], rtol=10 * tol, atol=10 * tol, msg=k)
         else:
             assert torch.equal(s1[k], s2[k]), k
+
+
+@needs_cuda
+def test_cuda_minkunet42_autocast_step_is_as_close_to_exact_as_the_torch_path(monkeypatch):
+    """Under torch.autocast("cuda", float16) the MinkUNet42 step's gradients are far from the
+    exact ones whichever batch norm runs: on this small input the deep levels hold a handful of
+    rows, where batch norm's input gradient nearly cancels, so float16 rounding dominates there
+    (measured on the H200, 2026-12-02: per-parameter errors against float64 up to 0.65 with torch's
+    batch norm and 0.73 with lattice's, medians 0.20 and 0.19). Comparing the two 16-bit steps
+    with each other therefore proves little; this test takes the float64 step (CPU, torch's batch
+    norm) as the yardstick: lattice's step must be no farther from it than 1.5x torch's step (both
+    as one vector over all gradients), and the loss and running statistics agree with torch's
+    within 16-bit rounding. A wrong batch norm gradient lands far beyond that bound."""
+    (l1, g1, s1), (l2, g2, s2) = _minkunet42_step(monkeypatch, CUDA, torch.float16)
+    exact = _minkunet42_exact_grads()
+    assert set(exact) == set(g1) == set(g2)
+    e_lattice, e_torch = _global_error(g1, exact), _global_error(g2, exact)
+    assert e_torch < 1.0, e_torch  # the yardstick itself is informative
+    assert e_lattice <= 1.5 * e_torch + 1e-3, (e_lattice, e_torch)
+    torch.testing.assert_close(l1, l2, rtol=2e-2, atol=2e-2)
+    for k in s1:
+        if s1[k].is_floating_point():
+            torch.testing.assert_close(s1[k], s2[k], rtol=0.2, atol=0.2, msg=k)
+        else:
+            assert torch.equal(s1[k], s2[k]), k
+
+
+def test_exact_grads_yardstick_is_the_float32_step():
+    """The float64 yardstick of the autocast test agrees with the CPU float32 step of
+    _minkunet42_step (same seeds, input, weights): it is the same step, only exact."""
+    mp = pytest.MonkeyPatch()
+    try:
+        (_, g1, _), (_, g2, _) = _minkunet42_step(mp, torch.device("cpu"))
+    finally:
+        mp.undo()
+    exact = _minkunet42_exact_grads()
+    assert _global_error(g2, exact) < 1e-3
+    assert _global_error(g1, exact) < 1e-3
 
 
 @needs_cuda

@@ -15,10 +15,12 @@
 //     its M2, reading the block's rows twice, the second time from cache; partials stored
 //     channel-major) -> finalize (one warp per channel: lane l sums blocks l, l + 32, ... in
 //     order, in double, then a shfl_down tree: mean, then M2; invstd, running statistics) ->
-//     normalize (one thread per element, grid-stride).
+//     normalize (one channel per thread, striding over the rows: channel_grid).
 //   forward, eval: eval_stats (one thread per channel) -> normalize.
 //   backward: grad_sums (per (block, channel): sum dy', sum dy' * xhat) -> grad_finalize (one
-//     warp per channel; dgamma, dbeta, the means k1, k2) -> grad_input (elementwise dx). Eval
+//     warp per channel; dgamma, dbeta, the means k1, k2) -> grad_input (elementwise dx, one
+//     channel per thread as normalize). Full 32-row blocks load their rows ahead of the in-order
+//     sums (registers), which keeps the loads in flight without changing any sum's order. Eval
 //     without dgamma: grad_input only.
 // Consecutive threads take consecutive channels of one row, so loads are coalesced for C >= 32.
 // Scratch (the block partials) comes from the stream-ordered allocator (Array::empty).
@@ -56,19 +58,37 @@ template <class T>
 __global__ void moments_kernel(const T* __restrict__ x, std::int64_t n, std::int64_t c, Accum<T>* __restrict__ bmean,
                                Accum<T>* __restrict__ bm2) {
   using Acc = Accum<T>;
+  constexpr int kRows = static_cast<int>(bn::kBlockRows);
   const std::int64_t total = bn::block_count(n) * c;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t b = t / c, ch = t - b * c;
     const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
     const T* p = x + r0 * c + ch;
-    Acc s = Acc(0);
-    for (std::int64_t r = 0; r < nb; ++r) s += dev_load(p[r * c]);
-    const Acc m = s / static_cast<Acc>(nb);
-    Acc m2 = Acc(0);
-    for (std::int64_t r = 0; r < nb; ++r) {
-      const Acc d = dev_load(p[r * c]) - m;
-      m2 += bn::mul(d, d);
+    Acc m, m2 = Acc(0);
+    if (nb == kRows) {
+      // a full block: all 32 loads issued before the sums (they are independent), the rows then
+      // summed from registers in row order, the second pass without a second read
+      Acc v[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) v[r] = dev_load(p[r * c]);
+      Acc s = Acc(0);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) s += v[r];
+      m = s / static_cast<Acc>(nb);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const Acc d = v[r] - m;
+        m2 += bn::mul(d, d);
+      }
+    } else {
+      Acc s = Acc(0);
+      for (std::int64_t r = 0; r < nb; ++r) s += dev_load(p[r * c]);
+      m = s / static_cast<Acc>(nb);
+      for (std::int64_t r = 0; r < nb; ++r) {
+        const Acc d = dev_load(p[r * c]) - m;
+        m2 += bn::mul(d, d);
+      }
     }
     const std::int64_t blocks = total / c;
     bmean[ch * blocks + b] = m;
@@ -123,18 +143,41 @@ __global__ void eval_stats_kernel(const Acc* __restrict__ rm, const Acc* __restr
   }
 }
 
+// The elementwise kernels (normalize, grad_input) give each thread one channel for the whole
+// pass: thread t of a grid of rows_per_pass * c threads takes channel t % c and the rows
+// t / c, t / c + rows_per_pass, ... (consecutive threads still read consecutive channels of one
+// row), so the per-channel factors are loaded once and no element pays a 64-bit modulo. The
+// arithmetic per element is unchanged (same bits as one thread per element).
+struct ChannelGrid {
+  std::int64_t rows_per_pass;
+  unsigned blocks;
+};
+
+ChannelGrid channel_grid(std::int64_t n, std::int64_t c) {
+  constexpr std::int64_t kTargetThreads = 1 << 17;  // ~ a full H100 / H200 wave of 256-thread blocks
+  std::int64_t rows = kTargetThreads / c;
+  if (rows < 1) rows = 1;
+  if (rows > n) rows = n;
+  const std::int64_t threads = rows * c;
+  const std::int64_t b = (threads + kThreads - 1) / kThreads;
+  return {rows, static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b))};
+}
+
 template <class T>
 __global__ void normalize_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t c,
-                                 const Accum<T>* __restrict__ mean, const Accum<T>* __restrict__ invstd,
-                                 const Accum<T>* __restrict__ gamma, const Accum<T>* __restrict__ beta, bool relu) {
+                                 std::int64_t rows_per_pass, const Accum<T>* __restrict__ mean,
+                                 const Accum<T>* __restrict__ invstd, const Accum<T>* __restrict__ gamma,
+                                 const Accum<T>* __restrict__ beta, bool relu) {
   using Acc = Accum<T>;
-  const std::int64_t total = n * c;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t ch = i % c;
-    const Acc scale = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
-    const Acc shift = beta ? beta[ch] : Acc(0);
-    Acc v = bn::mul(dev_load(x[i]) - mean[ch], scale) + shift;
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= rows_per_pass * c) return;
+  const std::int64_t ch = t % c;
+  const Acc scale = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
+  const Acc shift = beta ? beta[ch] : Acc(0);
+  const Acc mu = mean[ch];
+  const std::int64_t step = rows_per_pass * c;
+  for (std::int64_t i = t; i < n * c; i += step) {
+    Acc v = bn::mul(dev_load(x[i]) - mu, scale) + shift;
     if (relu) v = relu_acc(v);
     y[i] = dev_store<T>(v);
   }
@@ -154,6 +197,8 @@ __global__ void grad_sums_kernel(const T* __restrict__ x, const T* __restrict__ 
                                  const Accum<T>* __restrict__ invstd, Accum<T>* __restrict__ bdy,
                                  Accum<T>* __restrict__ bdyx) {
   using Acc = Accum<T>;
+  constexpr int kRows = static_cast<int>(bn::kBlockRows);
+  constexpr int kChunk = 16;  // rows loaded ahead at a time in a full block (registers: 3 x 16)
   const std::int64_t total = bn::block_count(n) * c;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -161,12 +206,32 @@ __global__ void grad_sums_kernel(const T* __restrict__ x, const T* __restrict__ 
     const std::int64_t r0 = b * bn::kBlockRows, nb = bn::block_rows(n, b);
     const Acc m = mean[ch], is = invstd[ch];
     Acc s = Acc(0), sx = Acc(0);
-    for (std::int64_t r = 0; r < nb; ++r) {
-      const std::int64_t i = (r0 + r) * c + ch;
-      const Acc g = masked_grad(dy, ys, relu, i);
-      const Acc xhat = (dev_load(x[i]) - m) * is;
-      s += g;
-      sx += bn::mul(g, xhat);
+    if (nb == kRows) {
+      const std::int64_t base = r0 * c + ch;
+#pragma unroll
+      for (int r0c = 0; r0c < kRows; r0c += kChunk) {
+        Acc xv[kChunk], gv[kChunk];
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) {
+          const std::int64_t i = base + static_cast<std::int64_t>(r0c + r) * c;
+          xv[r] = dev_load(x[i]);
+          gv[r] = masked_grad(dy, ys, relu, i);
+        }
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) {  // rows in ascending order, as below
+          const Acc xhat = (xv[r] - m) * is;
+          s += gv[r];
+          sx += bn::mul(gv[r], xhat);
+        }
+      }
+    } else {
+      for (std::int64_t r = 0; r < nb; ++r) {
+        const std::int64_t i = (r0 + r) * c + ch;
+        const Acc g = masked_grad(dy, ys, relu, i);
+        const Acc xhat = (dev_load(x[i]) - m) * is;
+        s += g;
+        sx += bn::mul(g, xhat);
+      }
     }
     const std::int64_t blocks = total / c;
     bdy[ch * blocks + b] = s;
@@ -199,20 +264,24 @@ __global__ void grad_finalize_kernel(const Acc* __restrict__ bdy, const Acc* __r
 
 template <class T>
 __global__ void grad_input_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ ys,
-                                  bool relu, bool training, std::int64_t n, std::int64_t c,
+                                  bool relu, bool training, std::int64_t n, std::int64_t c, std::int64_t rows_per_pass,
                                   const Accum<T>* __restrict__ gamma, const Accum<T>* __restrict__ mean,
                                   const Accum<T>* __restrict__ invstd, const Accum<T>* __restrict__ k1,
                                   const Accum<T>* __restrict__ k2, T* __restrict__ dx) {
   using Acc = Accum<T>;
-  const std::int64_t total = n * c;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t ch = i % c;
-    const Acc scale = gamma ? gamma[ch] * invstd[ch] : invstd[ch];
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= rows_per_pass * c) return;
+  const std::int64_t ch = t % c;
+  const Acc is = invstd[ch];
+  const Acc scale = gamma ? gamma[ch] * is : is;
+  const Acc mu = mean[ch];
+  const Acc a1 = training ? k1[ch] : Acc(0), a2 = training ? k2[ch] : Acc(0);
+  const std::int64_t step = rows_per_pass * c;
+  for (std::int64_t i = t; i < n * c; i += step) {
     const Acc g = masked_grad(dy, ys, relu, i);
     if (training) {
-      const Acc xhat = (dev_load(x[i]) - mean[ch]) * invstd[ch];
-      dx[i] = dev_store<T>(scale * (g - k1[ch] - bn::mul(xhat, k2[ch])));
+      const Acc xhat = (dev_load(x[i]) - mu) * is;
+      dx[i] = dev_store<T>(scale * (g - a1 - bn::mul(xhat, a2)));
     } else {
       dx[i] = dev_store<T>(scale * g);
     }
@@ -246,9 +315,10 @@ void forward_typed(const BatchNormArgs& a) {
     LATTICE_CUDA_CHECK_LAUNCH();
   }
   if (n == 0) return;
-  normalize_kernel<T><<<grid_for(n * c), kThreads, 0, s>>>(
-      static_cast<const T*>(a.x), static_cast<T*>(a.y), n, c, mean, invstd, static_cast<const Acc*>(a.gamma),
-      static_cast<const Acc*>(a.beta), a.relu);
+  const ChannelGrid g = channel_grid(n, c);
+  normalize_kernel<T><<<g.blocks, kThreads, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.y), n, c, g.rows_per_pass, mean, invstd,
+      static_cast<const Acc*>(a.gamma), static_cast<const Acc*>(a.beta), a.relu);
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
@@ -283,9 +353,10 @@ void backward_typed(const BatchNormArgs& a) {
     LATTICE_CUDA_CHECK_LAUNCH();
   }
   if (!a.dx || n == 0) return;
-  grad_input_kernel<T><<<grid_for(n * c), kThreads, 0, s>>>(x, dy, ys, a.relu, a.training, n, c,
-                                                             static_cast<const Acc*>(a.gamma), mean, invstd, k1, k2,
-                                                             static_cast<T*>(a.dx));
+  const ChannelGrid g = channel_grid(n, c);
+  grad_input_kernel<T><<<g.blocks, kThreads, 0, s>>>(x, dy, ys, a.relu, a.training, n, c, g.rows_per_pass,
+                                                      static_cast<const Acc*>(a.gamma), mean, invstd, k1, k2,
+                                                      static_cast<T*>(a.dx));
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
