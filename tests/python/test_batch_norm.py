@@ -476,6 +476,42 @@ def test_cuda_route_equals_the_cpu_route(name, training, relu):
     assert torch.equal(yc, yc2) and all(torch.equal(a, e) for a, e in zip(gc, gc2))
 
 
+def _bits(t):
+    t = t.detach().cpu()
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+# Shapes chosen for the CUDA kernels' memory layouts (blocked.cu): shared-memory tiles with 16-byte
+# copies, the same tiles copied element by element (a feature pointer off 16-byte alignment), the
+# register kernels of channels too wide for a tile (f16 C=800 moments, C=300 grad_sums with the
+# ReLU), every pack width of the elementwise passes (C % 8, 4, 2 and odd), partial 32-row blocks.
+@needs_cuda
+@pytest.mark.parametrize("name", ["f16", "bf16", "f32", "f64"])
+@pytest.mark.parametrize("n, c, misaligned", [(3000, 32, False), (1000, 37, False), (999, 6, False), (70, 800, False),
+                                              (250, 300, False), (1000, 40, True), (2, 256, False)])
+def test_cuda_route_is_bitwise_the_cpu_parallel_route(name, n, c, misaligned):
+    """Same reduction order and arithmetic: the CUDA route gives the CPU parallel route's bits for y,
+    dx, dweight, dbias and the running statistics, whatever kernel layout the shape selects."""
+    dtype = DTYPES[name]
+    x, w, b, rm, rv, dy = _data(n, c, dtype, seed=n + c)
+    for training, relu in ((True, True), (True, False), (False, True)):
+        rmp, rvp = rm.clone(), rv.clone()
+        y, g = _run("parallel", x, w, b, rmp, rvp, dy, training, relu)
+        if misaligned:  # the same values one element into a buffer: not 16-byte aligned on the device
+            buf = torch.empty(n * c + 1, dtype=dtype, device=CUDA)
+            xc = buf[1:].view(n, c)
+            xc.copy_(x)
+            assert xc.data_ptr() % 16 != 0
+        else:
+            xc = x.to(CUDA)
+        rmc, rvc = rm.clone().to(CUDA), rv.clone().to(CUDA)
+        yc, gc = _run("cuda", xc, w.to(CUDA), b.to(CUDA), rmc, rvc, dy.to(CUDA), training, relu)
+        for got, want, what in zip((yc,) + tuple(gc) + (rmc, rvc), (y,) + tuple(g) + (rmp, rvp),
+                                   ("y", "dx", "dweight", "dbias", "running_mean", "running_var")):
+            mism = int((_bits(got) != _bits(want)).sum())
+            assert mism == 0, f"{what}: {mism} of {want.numel()} elements differ (training={training}, relu={relu})"
+
+
 @needs_cuda
 def test_cuda_mixed_devices_raise():
     x = torch.randn(8, 3, device=CUDA)
