@@ -126,8 +126,29 @@ class SparseTensor:
         coords = from_core(coordinate_set.coords())
         return cls(coords, feats, _coordinate_set=coordinate_set)
 
+    @classmethod
+    def _of(cls, coordinate_set: Any, coords: torch.Tensor, feats: torch.Tensor) -> "SparseTensor":
+        """A tensor from parts already known to fit (no checks): ``feats`` a float (N, C) tensor on
+        the device of ``coords``, N the rows of ``coordinate_set``. For the ops' own outputs."""
+        t = cls.__new__(cls)
+        t._cs = coordinate_set
+        t._coords = coords
+        t._feats = feats
+        return t
+
     def replace_feats(self, feats: torch.Tensor) -> "SparseTensor":
         """Same coordinates and identity, new features (N, C')."""
+        # The coordinates are unchanged, so only the new features are checked: a float (N, C)
+        # torch tensor on this tensor's device takes the short way; anything else goes through the
+        # constructor's checks, which raise the errors. (torch.compile traces this method: the
+        # short way is plain attribute stores, no core call.)
+        if isinstance(feats, torch.Tensor) and feats.dtype.is_floating_point and feats.dim() == 2 and \
+                feats.shape[0] == self._coords.shape[0] and feats.device == self._coords.device:
+            t = SparseTensor.__new__(SparseTensor)
+            t._cs = self._cs
+            t._coords = self._coords
+            t._feats = feats
+            return t
         return SparseTensor(self._coords, feats, _coordinate_set=self._cs)
 
     # -- properties -------------------------------------------------------------------------------
