@@ -1,7 +1,7 @@
 """torch.autograd.Function wrappers over the core's forward and backward kernels."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -33,6 +33,20 @@ def conv_forward(plan: Any, feats: torch.Tensor, weight: torch.Tensor, bias: Opt
     return from_core(core.conv_forward(plan, borrow(feats), w, _bias_arg(bias)))
 
 
+def _torch_kernel_major(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tuple]:
+    """``weight`` (dense (C_out, Kx, Ky, Kz, C_in) or kernel-major) as the contiguous kernel-major
+    (K, C_in, C_out) array in ``dtype``, by torch's permute and one copy (the ops
+    lattice.ops.conv.kernel_major_weight runs outside the node), and what the backward needs to map
+    the gradient back: (the weight's dtype, its dense shape or None)."""
+    if weight.dim() == 5:
+        kv = weight.shape[1] * weight.shape[2] * weight.shape[3]
+        km = weight.permute(1, 2, 3, 4, 0).reshape(kv, weight.shape[4], weight.shape[0])
+        dense_shape = tuple(weight.shape)
+    else:
+        km, dense_shape = weight, None
+    return torch.empty(km.shape, dtype=dtype, device=weight.device).copy_(km), (weight.dtype, dense_shape)
+
+
 class ConvFunction(torch.autograd.Function):
     """Y = conv(X, W) (+ b) over a planned relation; gradients for X, W and b from the core.
 
@@ -44,20 +58,29 @@ class ConvFunction(torch.autograd.Function):
     cast or permute and none of their autograd nodes. The values are those of casting and permuting
     with torch first (exact conversions, the same kernels), bit for bit.
 
+    ``prepare="torch"`` (the same on the CPU, lattice.ops.conv.PERMUTE_IN_NODE): the forward
+    permutes / casts with torch inside the node (no autograd ops), and the backward maps the
+    kernel-major gradient back with ``.to(dtype)`` and a permuted view -- what the autograd nodes of
+    those torch ops would do, minus the nodes.
+
     ``weight_core``: the core's array of ``weight`` when the caller holds one (lattice.ops.conv's
     cached kernel-major layout of a weight that needs no gradient), used by forward and backward.
     """
 
     @staticmethod
     def forward(ctx: Any, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Any,  # type: ignore[override]
-                prepare: bool = False, weight_core: Any = None) -> torch.Tensor:
+                prepare: Union[bool, str] = False, weight_core: Any = None) -> torch.Tensor:
         ctx.weight_form = (None, None)
+        ctx.torch_form = None
         w = weight
         if prepare and not (weight.dim() == 3 and weight.dtype == feats.dtype and weight.is_contiguous()):
             weight_core = None
-            w = from_core(core.conv_compute_weight(plan, borrow(feats), to_core(weight)))
-            ctx.weight_form = ("dense" if weight.dim() == 5 else "kernel_major",
-                               _DTYPE_NAMES.get(weight.dtype) or str(weight.dtype).split(".")[-1])
+            if prepare == "torch":
+                w, ctx.torch_form = _torch_kernel_major(weight, feats.dtype)
+            else:
+                w = from_core(core.conv_compute_weight(plan, borrow(feats), to_core(weight)))
+                ctx.weight_form = ("dense" if weight.dim() == 5 else "kernel_major",
+                                   _DTYPE_NAMES.get(weight.dtype) or str(weight.dtype).split(".")[-1])
         out = conv_forward(plan, feats, w, bias, weight_core)
         ctx.plan = plan
         ctx.has_bias = bias is not None
@@ -76,9 +99,16 @@ class ConvFunction(torch.autograd.Function):
             ctx.plan, borrow(feats), w, borrow(grad_out.contiguous()),
             bool(need_x), bool(need_w), bool(need_b and ctx.has_bias), *ctx.weight_form,
         )
+        if dw is not None:
+            dw = from_core(dw)
+            if ctx.torch_form is not None:  # prepare="torch": back to the parameter's layout and dtype
+                dtype, dense_shape = ctx.torch_form
+                dw = dw.to(dtype)
+                if dense_shape is not None:  # (K, C_in, C_out) -> (C_out, Kx, Ky, Kz, C_in), a view
+                    dw = dw.view(*dense_shape[1:], dense_shape[0]).permute(4, 0, 1, 2, 3)
         return (
             from_core(dx) if dx is not None else None,
-            from_core(dw) if dw is not None else None,
+            dw,
             from_core(db) if db is not None else None,
             None,
             None,

@@ -5,11 +5,12 @@ have changed: ``lattice._core.borrow`` (a DLPack capsule without the detached al
 own arguments), ``from_core`` (torch's C entry point, not the Python wrapper), the CUDA stream
 handed to the core only when torch's current stream changed, ``autocast_dtype`` (the torch API
 decided once), ``SparseTensor.replace_feats`` (only the new features checked), the conv's output
-assembled without the constructor's checks, and the cached kernel-major weight and a module's
-bias passed to the core as held arrays. What these tests prove:
+assembled without the constructor's checks, the cached kernel-major weight and a module's bias
+passed to the core as held arrays, and ``ops.conv.PERMUTE_IN_NODE`` (the CPU training weight's
+permute inside the conv's autograd node). What these tests prove:
 
 * each short path gives what the general path gives, bit for bit (values, dtypes, shapes,
-  outputs and every gradient);
+  outputs and every gradient, with the switch on and off, under CPU autocast, for every conv kind);
 * the general path still runs, with its error messages, where the short one does not apply
   (non-contiguous or wrongly typed tensors, tensors on another device, autocast on, a changed
   stream -- simulated on the CPU, and for real on a GPU when present);
@@ -370,7 +371,78 @@ def test_a_plain_bias_tensor_is_not_held() -> None:
     assert len(_held._HELD) == before and id(b) not in _held._HELD
 
 
-# ---- training calls ----------------------------------------------------------------------------
+# ---- PERMUTE_IN_NODE: the CPU training weight's permute inside the autograd node -----------------
+
+
+def _train(monkeypatch, in_node: bool, op: str, dtype: torch.dtype, bias: bool, amp: bool = False):
+    monkeypatch.setattr(conv_mod, "PERMUTE_IN_NODE", in_node)
+    x = _x(dtype=dtype, stride=2 if op == "transposed" else 1)
+    torch.manual_seed(11)
+    ks, kw = (3, {}) if op == "subm" else (2, {"stride": 2})
+    w = (torch.randn(6, ks, ks, ks, 4) * 0.3).to(dtype).requires_grad_(True)
+    b = torch.randn(6).to(dtype).requires_grad_(True) if bias else None
+    xf = x.replace_feats(x.feats.clone().requires_grad_(True))
+    with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+        if op == "subm":
+            y = ops.subm_conv3d(xf, w, b)
+        elif op == "strided":
+            y = ops.conv3d(xf, w, b, **kw)
+        else:
+            y = ops.conv_transpose3d(xf, w, b, **kw)
+    g = torch.randn(y.feats.shape).to(y.feats.dtype)
+    y.feats.backward(g)
+    return [y.feats.detach(), xf.feats.grad, w.grad] + ([b.grad] if bias else [])
+
+
+@pytest.mark.parametrize("op", ["subm", "strided", "transposed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_permute_in_node_equals_torch_permute_bitwise(monkeypatch, op, dtype, bias) -> None:
+    a = _train(monkeypatch, True, op, dtype, bias)
+    b = _train(monkeypatch, False, op, dtype, bias)
+    for name, u, v in zip(("output", "input grad", "weight grad", "bias grad"), a, b):
+        assert u.dtype == v.dtype and u.shape == v.shape, name
+        assert torch.equal(u, v), f"{name} differs"
+    assert a[2].is_contiguous()  # the parameter's gradient in its own (dense) layout
+
+
+@pytest.mark.parametrize("op", ["subm", "strided"])
+def test_permute_in_node_under_cpu_autocast_equals_torch_permute_bitwise(monkeypatch, op) -> None:
+    a = _train(monkeypatch, True, op, torch.float32, True, amp=True)
+    b = _train(monkeypatch, False, op, torch.float32, True, amp=True)
+    assert a[0].dtype == torch.bfloat16 and a[2].dtype == torch.float32
+    for u, v in zip(a, b):
+        assert u.dtype == v.dtype and torch.equal(u, v)
+
+
+def test_permute_in_node_with_a_kernel_major_or_viewed_weight(monkeypatch) -> None:
+    """A 3-D kernel-major weight (cast under autocast in the node) and lattice.nn.Linear's viewed
+    (C_out, 1, 1, 1, C_in) weight give the same bits either way."""
+    results = []
+    for in_node in (True, False):
+        monkeypatch.setattr(conv_mod, "PERMUTE_IN_NODE", in_node)
+        x = _x()
+        torch.manual_seed(2)
+        km = torch.randn(27, 4, 6, requires_grad=True)
+        lin = lnn.Linear(4, 5)
+        with torch.autocast("cpu", torch.bfloat16):
+            y1 = ops.subm_conv3d(x, km, kernel_size=3)
+        y2 = lin(x)
+        (y1.feats.float().square().sum() + y2.feats.square().sum()).backward()
+        results.append([y1.feats.detach(), y2.feats.detach(), km.grad, lin.weight.grad, lin.bias.grad])
+    for u, v in zip(*results):
+        assert u.dtype == v.dtype and torch.equal(u, v)
+
+
+def test_permute_in_node_puts_the_parameter_next_to_the_conv_node(monkeypatch) -> None:
+    def weight_edge(in_node: bool) -> str:
+        monkeypatch.setattr(conv_mod, "PERMUTE_IN_NODE", in_node)
+        w = torch.randn(6, 3, 3, 3, 4, requires_grad=True)
+        y = ops.subm_conv3d(_x(), w)
+        return type(y.feats.grad_fn.next_functions[1][0]).__name__
+
+    assert weight_edge(True) == "AccumulateGrad"
+    assert weight_edge(False) != "AccumulateGrad"  # torch's copy / reshape / permute nodes
 
 
 def test_a_training_call_modifies_nothing_it_was_given() -> None:

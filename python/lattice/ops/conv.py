@@ -127,9 +127,10 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
     if bias is not None and bias.device != feats_in.device:
         check_device(op, "bias", bias, x.device)
     if _core_prepares(weight, amp, feats_in):
-        # a CUDA training weight as it is (dense, float32 master under autocast): the core permutes
-        # and casts it in one pass and returns its gradient in the same form (ConvFunction)
-        feats = ConvFunction.apply(feats_in, weight, bias, p, True)
+        # a training weight as it is (dense, float32 master under autocast), permuted and cast inside
+        # the autograd node -- on CUDA by the core in one device pass, on the CPU by torch -- and its
+        # gradient returned in the same form (ConvFunction)
+        feats = ConvFunction.apply(feats_in, weight, bias, p, True if weight.is_cuda else "torch")
     else:
         weight, weight_core = _kernel_major(weight, amp, feats_in.shape[1])
         if torch.is_grad_enabled() and (feats_in.requires_grad or weight.requires_grad or
@@ -160,6 +161,15 @@ CACHE_WEIGHT_LAYOUTS = True
 # permutation alone took a MinkUNet42 autocast training step 40.5 -> 36.7 ms in one process. False
 # restores torch's cast and permute (tests compare both, bitwise).
 CORE_PERMUTES_TRAINING_WEIGHTS = True
+# Where the training weight's permute (and its cast under autocast) runs for weights on the CPU:
+# True (the default) inside the conv's autograd node (ConvFunction(prepare="torch"): torch's permute
+# and one copy in the forward, the kernel-major gradient mapped back by .to(dtype) and a permuted
+# view in the backward), False as torch autograd ops before the node (three more nodes per call).
+# Same bits either way (exact copies, the same kernels; tests/python/test_conv_host_path.py).
+# CPU-measured with scripts/host_overhead.py (docs/host_path.md): the small U-Net's training step
+# 0.90x with the node (the subm call alone: no difference beyond noise). The core's own permute
+# (the CUDA path) is slower on the CPU (its strided copy: that U-Net step 1.8x), so it stays CUDA's.
+PERMUTE_IN_NODE = True
 _CACHE_ATTR = "_lattice_kernel_major"
 
 
@@ -170,13 +180,15 @@ def clear_weight_cache(weight: torch.Tensor) -> None:
 
 
 def _core_prepares(weight: torch.Tensor, amp: Optional[torch.dtype], feats: torch.Tensor) -> bool:
-    """True for a CUDA weight that needs a gradient (training) when CORE_PERMUTES_TRAINING_WEIGHTS:
-    ConvFunction hands it to the core as it is, which makes the kernel-major copy in the feature
-    dtype (the permutation and, under autocast, torch's cast, in one device pass) and returns the
-    gradient in the weight's own layout and dtype. Only when the dtypes agree, or autocast would
+    """True for a weight that needs a gradient (training) when CORE_PERMUTES_TRAINING_WEIGHTS (CUDA)
+    or PERMUTE_IN_NODE (any other device): ConvFunction takes it as it is and makes the kernel-major
+    copy in the feature dtype inside its node (on CUDA the core, in one device pass; elsewhere
+    torch's permute and copy), and returns the gradient in the weight's own layout and dtype. Only when the dtypes agree, or autocast would
     cast the weight to the features' dtype (torch's rule: not float64); any other mismatch takes the
     usual path, whose core call raises the dtype error."""
-    if not (CORE_PERMUTES_TRAINING_WEIGHTS and weight.is_cuda and weight.requires_grad and torch.is_grad_enabled()):
+    if not (weight.requires_grad and torch.is_grad_enabled()):
+        return False
+    if not (CORE_PERMUTES_TRAINING_WEIGHTS if weight.is_cuda else PERMUTE_IN_NODE):
         return False
     if weight.dim() not in (3, 5):
         return False
@@ -191,10 +203,11 @@ def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: 
     A dense (C_out, Kx, Ky, Kz, C_in) weight that needs no gradient is permuted and cast by torch
     in one copy on its device, and the result is cached per weight version (CACHE_WEIGHT_LAYOUTS).
     A dense weight that needs a gradient (training) is permuted and cast by torch, and autograd
-    maps the gradient back; with ``CORE_PERMUTES_TRAINING_WEIGHTS`` a CUDA conv call hands such a
-    weight to ConvFunction as it is instead (_core_prepares): the core permutes it on the device
-    and returns its gradient in the same dense layout, saving torch's permute / copy and their
-    autograd nodes on every call (host time that decides a training step on the GPU). A 3-D weight is already kernel-major and is only cast under
+    maps the gradient back; with ``CORE_PERMUTES_TRAINING_WEIGHTS`` (CUDA) / ``PERMUTE_IN_NODE``
+    (CPU) a conv call hands such a weight to ConvFunction as it is instead (_core_prepares), which
+    permutes it inside the autograd node and returns its gradient in the same dense layout, saving
+    the autograd nodes of torch's permute / copy on every call (host time that decides a training
+    step on the GPU). A 3-D weight is already kernel-major and is only cast under
     autocast; a 5-D weight whose shape does not match is left to the core, which raises the shape
     error.
     """
