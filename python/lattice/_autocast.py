@@ -24,19 +24,34 @@ from typing import Optional
 import torch
 
 
+def _keyed_api() -> bool:
+    """True when torch has the autocast API keyed by device type (torch >= 2.4)."""
+    if not hasattr(torch, "get_autocast_dtype"):
+        return False
+    try:
+        torch.is_autocast_enabled("cpu")  # type: ignore[call-arg]
+    except TypeError:
+        return False
+    return True
+
+
+# Decided once at import (the API of the torch in use does not change): asking torch 1.13's
+# ``is_autocast_enabled`` for a device type raised and caught a TypeError on every call.
+_KEYED = _keyed_api()
+
+
 def autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype in force for ``device``'s type, or None outside an autocast region."""
     kind = device.type
-    if kind not in ("cpu", "cuda"):
+    if _KEYED:
+        if (kind == "cpu" or kind == "cuda") and torch.is_autocast_enabled(kind):  # type: ignore[call-arg]
+            return torch.get_autocast_dtype(kind)  # type: ignore[attr-defined]
         return None
-    try:  # torch >= 2.4: one API keyed by device type
-        if not torch.is_autocast_enabled(kind):  # type: ignore[call-arg]
-            return None
-        return torch.get_autocast_dtype(kind)  # type: ignore[attr-defined]
-    except (TypeError, AttributeError):  # torch 1.13 .. 2.3
-        if kind == "cuda":
-            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    if kind == "cpu":
         return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    if kind == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return None
 
 
 def _eligible(t: Optional[torch.Tensor], dtype: torch.dtype) -> bool:

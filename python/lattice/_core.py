@@ -10,6 +10,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -72,22 +73,88 @@ def threads_settled_by_user() -> None:
     _threads_pid = os.getpid()
 
 
+# The process id, kept current across os.fork (a DataLoader worker is a fork): to_core compares it
+# with _threads_pid instead of asking the kernel (os.getpid) on every conversion.
+_pid: int = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+    _streams_set.by_device = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _StreamsSet(threading.local):
+    """Per host thread (the core's current stream is thread-local, as torch's is; the autograd
+    engine runs CUDA backwards on a thread of its own): CUDA device index -> the raw torch stream
+    this thread last handed to ``core.set_current_stream``."""
+
+    def __init__(self) -> None:
+        self.by_device: dict[int, int] = {}
+
+
+_streams_set = _StreamsSet()
+
+
+def _hand_over_stream(t: torch.Tensor) -> None:
+    """Before the core sees a CUDA tensor: the core's current stream of its device is torch's
+    current stream. Set only when it changed since this thread last set it (``torch.cuda.stream``
+    contexts, a DDP / side stream), which saves a call into the core per conversion."""
+    index = t.device.index
+    if index is None:  # pragma: no cover - a CUDA tensor's device always has an index
+        index = torch.cuda.current_device()
+    stream = _raw_stream(index)
+    seen = _streams_set.by_device
+    if seen.get(index) != stream:
+        core.set_current_stream(index, stream)
+        seen[index] = stream
+
+
+def forget_streams() -> None:
+    """Forgets which streams this thread handed to the core, so the next conversion sets them
+    again (for code that called ``core.set_current_stream`` itself)."""
+    _streams_set.by_device.clear()
+
+
 def to_core(t: torch.Tensor) -> Any:
     """A DLPack capsule viewing ``t`` (no copy). Autograd history is dropped, data is shared.
 
-    CUDA tensors: lattice's work runs on torch's current stream of the tensor's device (set here,
-    before the core sees the tensor), and CUDA kernels take contiguous rows, so a strided CUDA
-    tensor is made contiguous on that stream first. CPU tensors: the first one of a process
-    settles its thread count (_settle_threads)."""
+    CUDA tensors: lattice's work runs on torch's current stream of the tensor's device (handed to
+    the core here, before it sees the tensor, when it changed: _hand_over_stream), and CUDA kernels
+    take contiguous rows, so a strided CUDA tensor is made contiguous on that stream first. CPU
+    tensors: the first one of a process settles its thread count (_settle_threads).
+
+    The capsule always wraps a detached alias of ``t`` (not ``t`` itself), so the core's array
+    keeps ``t``'s storage alive even if ``t`` is later given another storage (``p.data = ...``,
+    ``set_``); :func:`borrow` skips that alias for arguments the core reads only during one call."""
     t = t.detach()
-    if not t.is_cuda:
-        if _threads_pid != os.getpid():
-            _settle_threads()
-    else:
-        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        core.set_current_stream(index, _raw_stream(index))
-        t = t.contiguous()
-    return torch.utils.dlpack.to_dlpack(t)
+    if t.is_cuda:
+        _hand_over_stream(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+    elif _threads_pid != _pid:
+        _settle_threads()
+    return _to_dlpack(t)
+
+
+def borrow(t: torch.Tensor) -> Any:
+    """:func:`to_core` for an argument the core reads only during the call it is passed to and
+    does not keep (the features, weight, bias and output gradient of a conv call): a tensor that
+    needs no gradient crosses without the detached alias (one torch op less per argument). The
+    capsule then holds ``t`` itself, which is alive for the whole call anyway."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_cuda:
+        _hand_over_stream(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+    elif _threads_pid != _pid:
+        _settle_threads()
+    return _to_dlpack(t)
 
 
 def _raw_stream_slow(index: int) -> int:
@@ -98,10 +165,15 @@ def _raw_stream_slow(index: int) -> int:
 # accessor torch's own compiler uses; older torch falls back to the public API).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
+_to_dlpack = torch.utils.dlpack.to_dlpack
+# torch.utils.dlpack.from_dlpack is a Python wrapper that, for a capsule (all the core returns),
+# calls torch._C._from_dlpack; calling it directly saves the wrapper's checks on every output.
+_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+
 
 def from_core(capsule: Any) -> torch.Tensor:
     """A torch tensor owning the core array behind ``capsule`` (no copy)."""
-    return torch.utils.dlpack.from_dlpack(capsule)
+    return _from_dlpack(capsule)
 
 
 def as_tensor(value: Any, what: str, op: str) -> torch.Tensor:
@@ -119,11 +191,12 @@ def as_triple(value: Any, what: str, op: str) -> tuple[int, int, int]:
     # anything else takes the general checks below.
     t = type(value)
     if t is int:
-        if -(2**31) <= value <= 2**31 - 1:
+        if -2147483648 <= value <= 2147483647:
             return (value, value, value)
-    elif t is tuple and len(value) == 3 and type(value[0]) is int and type(value[1]) is int and \
-            type(value[2]) is int:
-        if all(-(2**31) <= v <= 2**31 - 1 for v in value):
+    elif t is tuple and len(value) == 3:
+        a, b, c = value
+        if type(a) is int and type(b) is int and type(c) is int and -2147483648 <= a <= 2147483647 and \
+                -2147483648 <= b <= 2147483647 and -2147483648 <= c <= 2147483647:
             return value
     if isinstance(value, bool):
         raise TypeError(f"[{op}] {what}: expected an int or 3 ints, got bool")
@@ -146,3 +219,7 @@ def as_triple(value: Any, what: str, op: str) -> tuple[int, int, int]:
 
 def optional_core(t: Optional[torch.Tensor]) -> Any:
     return None if t is None else to_core(t)
+
+
+def optional_borrow(t: Optional[torch.Tensor]) -> Any:
+    return None if t is None else borrow(t)

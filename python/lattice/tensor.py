@@ -14,6 +14,16 @@ Stride = Union[int, Sequence[int]]
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
+def _never_compiling() -> bool:
+    return False
+
+
+# True while dynamo traces (torch >= 2.0); torch 1.13 has no torch.compile
+_compiler = getattr(torch, "compiler", None)
+_is_compiling = getattr(_compiler, "is_compiling", None) or getattr(getattr(torch, "_dynamo", None), "is_compiling",
+                                                                    None) or _never_compiling
+
+
 def _int_list(value: Any, what: str, op: str) -> list[int]:
     """A sequence (list, tuple, 1-D array or tensor) of ints -> list[int]; anything else raises."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
@@ -126,8 +136,30 @@ class SparseTensor:
         coords = from_core(coordinate_set.coords())
         return cls(coords, feats, _coordinate_set=coordinate_set)
 
+    @classmethod
+    def _of(cls, coordinate_set: Any, coords: torch.Tensor, feats: torch.Tensor) -> "SparseTensor":
+        """A tensor from parts already known to fit (no checks): ``feats`` a float (N, C) tensor on
+        the device of ``coords``, N the rows of ``coordinate_set``. For the ops' own outputs."""
+        t = cls.__new__(cls)
+        t._cs = coordinate_set
+        t._coords = coords
+        t._feats = feats
+        return t
+
     def replace_feats(self, feats: torch.Tensor) -> "SparseTensor":
         """Same coordinates and identity, new features (N, C')."""
+        # The coordinates are unchanged, so only the new features are checked: a float (N, C)
+        # torch tensor on this tensor's device takes the short way; anything else goes through the
+        # constructor's checks, which raise the errors. torch.compile traces this method: while it
+        # does, the constructor (traced as before) builds the tensor.
+        if isinstance(feats, torch.Tensor) and feats.dtype.is_floating_point and feats.dim() == 2 and \
+                feats.shape[0] == self._coords.shape[0] and feats.device == self._coords.device and \
+                not _is_compiling():
+            t = SparseTensor.__new__(SparseTensor)
+            t._cs = self._cs
+            t._coords = self._coords
+            t._feats = feats
+            return t
         return SparseTensor(self._coords, feats, _coordinate_set=self._cs)
 
     # -- properties -------------------------------------------------------------------------------

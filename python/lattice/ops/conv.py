@@ -15,7 +15,7 @@ import torch
 
 from .._autocast import _eligible as _autocast_eligible
 from .._autocast import autocast_dtype, cast
-from .._core import as_triple, core
+from .._core import as_triple, core, from_core, to_core
 from .._device import check_device
 from ..autograd import ConvFunction, conv_forward
 from ..tensor import SparseTensor
@@ -30,7 +30,7 @@ def _kernel_size(op: str, weight: torch.Tensor, kernel_size: Optional[IntOr3]) -
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"[{op}] weight: expected a torch.Tensor or a lattice.QuantizedWeight, got {type(weight).__name__}")
     if weight.dim() == 5:
-        from_weight = tuple(int(v) for v in weight.shape[1:4])
+        from_weight = tuple(weight.shape[1:4])  # torch.Size holds plain ints
         if kernel_size is None:
             return from_weight  # type: ignore[return-value]
         ks = as_triple(kernel_size, "kernel_size", op)
@@ -93,7 +93,8 @@ def plan(
     """Validates geometry and builds (or fetches from the cache) the relation of one conv call."""
     _check_input(op, x)
     ks = _kernel_size(op, weight, kernel_size)
-    check_device(op, "weight", weight, x.device)
+    if not (isinstance(weight, torch.Tensor) and weight.device == x._feats.device):  # equal: nothing to check
+        check_device(op, "weight", weight, x.device)
     target = None
     if coordinates is not None:
         target = _check_input(op, coordinates, "coordinates")._cs
@@ -113,29 +114,36 @@ def _run(p: Any, x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Ten
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"[{op}] bias: expected a torch.Tensor or None, got {type(bias).__name__}")
     # torch.autocast: features, weight and bias in the autocast dtype, as torch's conv3d (_autocast.py)
-    amp = autocast_dtype(x.feats.device)
-    feats_in = cast(x.feats, amp)
-    bias = cast(bias, amp)
+    amp = autocast_dtype(x._feats.device)
+    feats_in = x._feats
+    if amp is not None:
+        feats_in = cast(feats_in, amp)
+        bias = cast(bias, amp)
     if _quantized.is_quantized(weight):  # packed int4/int8 weight: inference-only quantized routes
         feats = _quantized.conv_forward(op, p, feats_in, weight, bias, route)
         if p.output.key == x.key:
             return x.replace_feats(feats)
         return SparseTensor._from_core(p.output, feats)
-    check_device(op, "bias", bias, x.device)
+    if bias is not None and bias.device != feats_in.device:
+        check_device(op, "bias", bias, x.device)
     if _core_prepares(weight, amp, feats_in):
-        # a CUDA training weight as it is (dense, float32 master under autocast): the core permutes
-        # and casts it in one pass and returns its gradient in the same form (ConvFunction)
-        feats = ConvFunction.apply(feats_in, weight, bias, p, True)
+        # a training weight as it is (dense, float32 master under autocast), permuted and cast inside
+        # the autograd node -- on CUDA by the core in one device pass, on the CPU by torch -- and its
+        # gradient returned in the same form (ConvFunction)
+        feats = ConvFunction.apply(feats_in, weight, bias, p, True if weight.is_cuda else "torch")
     else:
-        weight = kernel_major_weight(weight, amp, x.feats.shape[1])
+        weight, weight_core = _kernel_major(weight, amp, feats_in.shape[1])
         if torch.is_grad_enabled() and (feats_in.requires_grad or weight.requires_grad or
                                         (bias is not None and bias.requires_grad)):
-            feats = ConvFunction.apply(feats_in, weight, bias, p)
+            feats = ConvFunction.apply(feats_in, weight, bias, p, False, weight_core)
         else:  # nothing to differentiate: the same core call without an autograd node (host time)
-            feats = conv_forward(p, feats_in, weight, bias)
-    if p.output.key == x.key:
-        return x.replace_feats(feats)
-    return SparseTensor._from_core(p.output, feats)
+            feats = conv_forward(p, feats_in, weight, bias, weight_core)
+    # the output features come from the core: a float (N_out, C_out) tensor on x's device, so the
+    # result is assembled without the constructor's checks
+    out = p.output
+    if out.key == x.key:
+        return SparseTensor._of(x._cs, x._coords, feats)
+    return SparseTensor._of(out, from_core(out.coords()), feats)
 
 
 # Weight layouts are cached on the weight tensor, keyed by its storage, version counter, dtype and
@@ -153,6 +161,15 @@ CACHE_WEIGHT_LAYOUTS = True
 # permutation alone took a MinkUNet42 autocast training step 40.5 -> 36.7 ms in one process. False
 # restores torch's cast and permute (tests compare both, bitwise).
 CORE_PERMUTES_TRAINING_WEIGHTS = True
+# Where the training weight's permute (and its cast under autocast) runs for weights on the CPU:
+# True (the default) inside the conv's autograd node (ConvFunction(prepare="torch"): torch's permute
+# and one copy in the forward, the kernel-major gradient mapped back by .to(dtype) and a permuted
+# view in the backward), False as torch autograd ops before the node (three more nodes per call).
+# Same bits either way (exact copies, the same kernels; tests/python/test_conv_host_path.py).
+# CPU-measured with scripts/host_overhead.py (docs/host_path.md): the small U-Net's training step
+# 0.90x with the node (the subm call alone: no difference beyond noise). The core's own permute
+# (the CUDA path) is slower on the CPU (its strided copy: that U-Net step 1.8x), so it stays CUDA's.
+PERMUTE_IN_NODE = True
 _CACHE_ATTR = "_lattice_kernel_major"
 
 
@@ -163,13 +180,15 @@ def clear_weight_cache(weight: torch.Tensor) -> None:
 
 
 def _core_prepares(weight: torch.Tensor, amp: Optional[torch.dtype], feats: torch.Tensor) -> bool:
-    """True for a CUDA weight that needs a gradient (training) when CORE_PERMUTES_TRAINING_WEIGHTS:
-    ConvFunction hands it to the core as it is, which makes the kernel-major copy in the feature
-    dtype (the permutation and, under autocast, torch's cast, in one device pass) and returns the
-    gradient in the weight's own layout and dtype. Only when the dtypes agree, or autocast would
+    """True for a weight that needs a gradient (training) when CORE_PERMUTES_TRAINING_WEIGHTS (CUDA)
+    or PERMUTE_IN_NODE (any other device): ConvFunction takes it as it is and makes the kernel-major
+    copy in the feature dtype inside its node (on CUDA the core, in one device pass; elsewhere
+    torch's permute and copy), and returns the gradient in the weight's own layout and dtype. Only when the dtypes agree, or autocast would
     cast the weight to the features' dtype (torch's rule: not float64); any other mismatch takes the
     usual path, whose core call raises the dtype error."""
-    if not (CORE_PERMUTES_TRAINING_WEIGHTS and weight.is_cuda and weight.requires_grad and torch.is_grad_enabled()):
+    if not (weight.requires_grad and torch.is_grad_enabled()):
+        return False
+    if not (CORE_PERMUTES_TRAINING_WEIGHTS if weight.is_cuda else PERMUTE_IN_NODE):
         return False
     if weight.dim() not in (3, 5):
         return False
@@ -184,36 +203,47 @@ def kernel_major_weight(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: 
     A dense (C_out, Kx, Ky, Kz, C_in) weight that needs no gradient is permuted and cast by torch
     in one copy on its device, and the result is cached per weight version (CACHE_WEIGHT_LAYOUTS).
     A dense weight that needs a gradient (training) is permuted and cast by torch, and autograd
-    maps the gradient back; with ``CORE_PERMUTES_TRAINING_WEIGHTS`` a CUDA one goes to the core as
-    it is instead (only cast under autocast): the core permutes it on the device and returns its
-    gradient in the same dense layout, saving torch's permute / copy and their autograd nodes on
-    every call (host time that decides a training step on the GPU). A 3-D weight is already kernel-major and is only cast under autocast; a 5-D
-    weight whose shape does not match is left to the core, which raises the shape error.
+    maps the gradient back; with ``CORE_PERMUTES_TRAINING_WEIGHTS`` (CUDA) / ``PERMUTE_IN_NODE``
+    (CPU) a conv call hands such a weight to ConvFunction as it is instead (_core_prepares), which
+    permutes it inside the autograd node and returns its gradient in the same dense layout, saving
+    the autograd nodes of torch's permute / copy on every call (host time that decides a training
+    step on the GPU). A 3-D weight is already kernel-major and is only cast under
+    autocast; a 5-D weight whose shape does not match is left to the core, which raises the shape
+    error.
     """
+    return _kernel_major(weight, amp, c_in)[0]
+
+
+def _kernel_major(weight: torch.Tensor, amp: Optional[torch.dtype], c_in: int) -> tuple[torch.Tensor, Any]:
+    """:func:`kernel_major_weight` and, for a cached layout, the core's array of it
+    (``core.HeldArray``, made once per cache entry: the per-call DLPack conversion of the cached
+    tensor is skipped); None otherwise (the caller converts the tensor)."""
     dense = weight.dim() == 5 and weight.shape[4] == c_in
     if not dense:
-        return cast(weight, amp)
+        return cast(weight, amp), None
     needs_grad = weight.requires_grad and torch.is_grad_enabled()
     if needs_grad and weight.is_cuda and CORE_PERMUTES_TRAINING_WEIGHTS:
-        return cast(weight, amp).contiguous()
+        return cast(weight, amp).contiguous(), None
     dtype = amp if (amp is not None and weight.dtype != torch.float64 and weight.dtype != amp) else weight.dtype
     key = None
     if CACHE_WEIGHT_LAYOUTS and not needs_grad:
-        key = (weight.data_ptr(), weight._version, weight.dtype, dtype, tuple(weight.shape), weight.stride())
+        key = (weight.data_ptr(), weight._version, weight.dtype, dtype, weight.shape, weight.stride())
         hit = getattr(weight, _CACHE_ATTR, None)
         if hit is not None and hit[0] == key:
-            return hit[1]
+            return hit[1], hit[2]
     kv = int(weight.shape[1]) * int(weight.shape[2]) * int(weight.shape[3])
     km = weight.permute(1, 2, 3, 4, 0).reshape(kv, weight.shape[4], weight.shape[0])
     # One copy that permutes and casts (``to(memory_format=...)`` would return the 3-D view itself:
     # torch only recognises channels-last formats, so the view counts as "contiguous format").
     km = torch.empty(km.shape, dtype=dtype, device=weight.device).copy_(km)
     if key is not None:
+        held_km = core.hold(to_core(km))  # km is contiguous: the core can hold it as it is
         try:
-            setattr(weight, _CACHE_ATTR, (key, km))
+            setattr(weight, _CACHE_ATTR, (key, km, held_km))
         except (AttributeError, RuntimeError):  # e.g. a tensor subclass without a __dict__
-            pass
-    return km
+            return km, None
+        return km, held_km
+    return km, None
 
 
 def conv3d(
