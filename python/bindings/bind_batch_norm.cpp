@@ -44,7 +44,7 @@ void bind_batch_norm(py::module_& m) {
       "batch_norm_apply",
       [](const py::object& x, const py::object& weight, const py::object& bias, const py::object& running_mean,
          const py::object& running_var, bool training, bool relu, double eps, double momentum, const std::string& op,
-         const std::optional<std::string>& route) {
+         const std::optional<std::string>& route, const py::object& residual) {
         auto state = std::make_shared<BatchNormState>();
         state->options = options_of(op, training, relu, eps, momentum, route);
         state->x = array_from_capsule(x, "input");
@@ -52,10 +52,11 @@ void bind_batch_norm(py::module_& m) {
         Array b = array_or_undefined(bias, "bias");
         Array rm = array_or_undefined(running_mean, "running_mean");
         Array rv = array_or_undefined(running_var, "running_var");
+        Array res = array_or_undefined(residual, "residual");
         ops::BatchNormOutput out;
         {
           py::gil_scoped_release release;
-          out = ops::batch_norm_forward(state->x, state->weight, b, rm, rv, state->options);
+          out = ops::batch_norm_forward(state->x, state->weight, b, rm, rv, state->options, res);
         }
         state->mean = out.mean;
         state->invstd = out.invstd;
@@ -64,23 +65,27 @@ void bind_batch_norm(py::module_& m) {
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("running_mean"), py::arg("running_var"),
       py::arg("training"), py::arg("relu"), py::arg("eps"), py::arg("momentum"), py::arg("op") = "batch_norm",
-      py::arg("route") = py::none(),
-      "(y, state): batch_norm_forward keeping what the backward reads in `state` (batch_norm_apply_backward).");
+      py::arg("route") = py::none(), py::arg("residual") = py::none(),
+      "(y, state): batch_norm_forward (y = relu(bn(x) + residual) with a residual) keeping what the backward "
+      "reads in `state` (batch_norm_apply_backward).");
 
   m.def(
       "batch_norm_apply_backward",
-      [](const std::shared_ptr<BatchNormState>& state, const py::object& dy, bool need_input, bool need_params) {
+      [](const std::shared_ptr<BatchNormState>& state, const py::object& dy, bool need_input, bool need_params,
+         bool need_residual) {
         Array d = array_from_capsule(dy, "grad_out");
         ops::BatchNormGrads g;
         {
           py::gil_scoped_release release;
           const BatchNormState& s = *state;
-          g = ops::batch_norm_backward(d, s.x, s.y, s.weight, s.mean, s.invstd, need_input, need_params, s.options);
+          g = ops::batch_norm_backward(d, s.x, s.y, s.weight, s.mean, s.invstd, need_input, need_params, s.options,
+                                       need_residual);
         }
-        return py::make_tuple(capsule_or_none(g.dx), capsule_or_none(g.dweight), capsule_or_none(g.dbias));
+        return py::make_tuple(capsule_or_none(g.dx), capsule_or_none(g.dweight), capsule_or_none(g.dbias),
+                              capsule_or_none(g.dresidual));
       },
-      py::arg("state"), py::arg("dy"), py::arg("need_input"), py::arg("need_params"),
-      "(dx, dweight, dbias) of the forward that made `state` (None where not requested).");
+      py::arg("state"), py::arg("dy"), py::arg("need_input"), py::arg("need_params"), py::arg("need_residual") = false,
+      "(dx, dweight, dbias, dresidual) of the forward that made `state` (None where not requested).");
 
   m.def(
       "explain_batch_norm",

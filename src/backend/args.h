@@ -587,6 +587,7 @@ struct BatchNormArgs {
   const void* x = nullptr;        // (n, c)       forward, backward
   const void* gamma = nullptr;    // (c) or null  forward, backward
   const void* beta = nullptr;     // (c) or null  forward
+  const void* residual = nullptr; // (n, c) or null  forward: added to the normalised value before the ReLU
   void* running_mean = nullptr;   // (c) or null  forward (updated in place in training)
   void* running_var = nullptr;    // (c) or null  forward
   void* y = nullptr;              // (n, c)       forward output
@@ -597,6 +598,7 @@ struct BatchNormArgs {
   void* dx = nullptr;             // (n, c) or null   backward output
   void* dgamma = nullptr;         // (c) or null      backward output
   void* dbeta = nullptr;          // (c) or null      backward output
+  void* dresidual = nullptr;      // (n, c) or null   backward output (relu only): dy', dy where y > 0
   Device device{};
 };
 

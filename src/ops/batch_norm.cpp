@@ -58,8 +58,9 @@ void check_options(const BatchNormOptions& o) {
     throw_value_error(o.op, "momentum", "a value in [0, 1]", std::to_string(o.momentum));
 }
 
-BatchNormProblem problem_of(const Array& x, BatchNormPass pass, const BatchNormOptions& o) {
+BatchNormProblem problem_of(const Array& x, BatchNormPass pass, const BatchNormOptions& o, bool residual = false) {
   BatchNormProblem p;
+  p.residual = residual;
   p.op = o.op;
   p.pass = pass;
   p.training = o.training;
@@ -99,7 +100,7 @@ backend::BatchNormArgs base_args(const Array& x, const Array& w, const BatchNorm
 }  // namespace
 
 BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const Array& bias, const Array& running_mean,
-                                   const Array& running_var, const BatchNormOptions& o) {
+                                   const Array& running_var, const BatchNormOptions& o, const Array& residual) {
   const std::string& op = o.op;
   check_features(op, "input", x_in);
   check_vector(op, "weight", weight, x_in, false);
@@ -107,6 +108,16 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   check_vector(op, "running_mean", running_mean, x_in, true);
   check_vector(op, "running_var", running_var, x_in, true);
   check_options(o);
+  if (residual.defined()) {
+    check_features(op, "residual", residual);
+    if (residual.dtype() != x_in.dtype())
+      throw_type_error(op, "residual", std::string(to_string(x_in.dtype())) + " (the dtype of the input)",
+                       to_string(residual.dtype()));
+    if (residual.device() != x_in.device())
+      throw_value_error(op, "residual", "a tensor on " + to_string(x_in.device()), to_string(residual.device()));
+    if (residual.shape() != x_in.shape())
+      throw_value_error(op, "residual", "shape " + shape_of(x_in) + " (that of the input)", shape_of(residual));
+  }
   const std::int64_t n = x_in.dim(0), c = x_in.dim(1);
   if (o.training && n == 1)
     throw_value_error(op, "input", "more than 1 row per channel when training", std::to_string(n));
@@ -116,8 +127,10 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   if (running_mean.defined() != running_var.defined())
     throw_value_error(op, running_mean.defined() ? "running_var" : "running_mean",
                       "both running statistics or neither", "only one");
-  const backend::BatchNormKernels& k = kernels_for(problem_of(x_in, BatchNormPass::forward, o), o.policy);
+  const backend::BatchNormKernels& k =
+      kernels_for(problem_of(x_in, BatchNormPass::forward, o, residual.defined()), o.policy);
   const Array x = packed(x_in);
+  const Array r = residual.defined() ? packed(residual) : Array{};
   const Dtype acc = accum_dtype(x.dtype());
   const Array w = weight.defined() ? weight.contiguous() : Array{};
   const Array b = bias.defined() ? bias.contiguous() : Array{};
@@ -127,6 +140,7 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   out.invstd = Array::empty({c}, acc, x.device());
   backend::BatchNormArgs a = base_args(x, w, o);
   a.beta = ptr_or_null(b);
+  a.residual = ptr_or_null(r);
   // Training on no rows: nothing to learn from, the running statistics stay (as torch's).
   const bool update = !(o.training && n == 0);
   a.running_mean = update && running_mean.defined() ? running_mean.raw_data() : nullptr;
@@ -140,7 +154,7 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
 
 BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const Array& y_in, const Array& weight,
                                    const Array& mean, const Array& invstd, bool need_input, bool need_params,
-                                   const BatchNormOptions& o) {
+                                   const BatchNormOptions& o, bool need_residual) {
   const std::string& op = o.op;
   check_features(op, "input", x_in);
   check_features(op, "grad_out", dy_in);
@@ -166,8 +180,13 @@ BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const 
     check_vector(op, what, *v, x_in, false);
   }
   BatchNormGrads g;
-  if (!need_input && !need_params) return g;
-  const backend::BatchNormKernels& k = kernels_for(problem_of(x_in, BatchNormPass::backward, o), o.policy);
+  if (need_residual && !o.relu) {  // the residual's gradient is dy itself
+    g.dresidual = dy_in;
+    need_residual = false;
+  }
+  if (!need_input && !need_params && !need_residual) return g;
+  const backend::BatchNormKernels& k =
+      kernels_for(problem_of(x_in, BatchNormPass::backward, o, need_residual), o.policy);
   const std::int64_t n = x_in.dim(0), c = x_in.dim(1);
   const Dtype acc = accum_dtype(x_in.dtype());
   const Array x = packed(x_in);
@@ -190,6 +209,10 @@ BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const 
     g.dbias = Array::empty({c}, acc, x.device());
     a.dgamma = g.dweight.raw_data();
     a.dbeta = g.dbias.raw_data();
+  }
+  if (need_residual) {
+    g.dresidual = Array::empty({n, c}, x.dtype(), x.device());
+    a.dresidual = g.dresidual.raw_data();
   }
   k.backward(a);
   return g;

@@ -24,6 +24,7 @@ Verdict admit_batch_norm_parallel(const BatchNormProblem& p, const DeviceCaps&) 
 
 Verdict admit_batch_norm_cuda(const BatchNormProblem& p, const DeviceCaps& caps) {
   if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
+  if (p.residual) return Verdict::no("no residual input (the CPU routes add one)");
   return needs_float(p.dtype);
 }
 
@@ -40,7 +41,7 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
           "features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and "
           "statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked by the "
           "semantic layer), including none, any C; training and eval, forward and backward, "
-          "optional fused ReLU. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in "
+          "optional fused ReLU, no residual input. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in "
           "row order, their partials summed in double in a fixed order by one warp per channel (no "
           "atomics), so results are bitwise the same run to run and for any grid; the same order and "
           "arithmetic as the CPU parallel route."}}}},
@@ -56,7 +57,8 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
           "CPU; features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel "
           "parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked "
           "by the semantic layer), including none, any C; training and eval, forward and backward, "
-          "optional fused ReLU. Deterministic: bitwise-identical results for any thread count (fixed "
+          "optional fused ReLU and residual input (added before the ReLU). Deterministic: "
+          "bitwise-identical results for any thread count (fixed "
           "blocks of 32 rows reduced in row order, their partials summed in double in a fixed order)."}}}},
      admit_batch_norm_parallel},
     {{.id = RouteId::batch_norm_reference,
@@ -69,7 +71,8 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
       .files = {{{"src/backend/cpu/batch_norm/reference.cpp",
           "CPU; features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel "
           "parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training), "
-          "including none, any C; training and eval, forward and backward, optional fused ReLU. "
+          "including none, any C; training and eval, forward and backward, optional fused ReLU and "
+          "residual input (added before the ReLU). "
           "Deterministic (single-threaded; per channel two passes over the rows in row order, summed "
           "in double)."}}}},
      admit_batch_norm_reference},

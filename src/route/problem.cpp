@@ -154,7 +154,8 @@ std::string_view to_string(BatchNormPass pass) { return pass == BatchNormPass::f
 
 std::string to_string(const BatchNormProblem& p) {
   return p.op + " " + std::string(to_string(p.pass)) + " (" + (p.training ? "training" : "eval") +
-         (p.relu ? ", fused relu" : "") + "): " + std::string(to_string(p.dtype)) + " on " + to_string(p.device) +
+         (p.relu ? ", fused relu" : "") +
+         (p.residual ? ", residual" : "") + "): " + std::string(to_string(p.dtype)) + " on " + to_string(p.device) +
          ", N=" + std::to_string(p.n_rows) + " C=" + std::to_string(p.channels);
 }
 

@@ -35,20 +35,26 @@ struct BatchNormOutput {
 
 // weight / bias / running_mean / running_var may be undefined (Array{}): weight 1, bias 0, no
 // running statistics (training only). The running statistics are written in place (training).
+// residual (optional, (N, C) of x's dtype and device): y = relu(bn(x) + residual), the sum in the
+// accumulation type and rounded once (the residual block's `relu(bn(conv(x)) + skip)` as one pass).
 BatchNormOutput batch_norm_forward(const Array& x, const Array& weight, const Array& bias, const Array& running_mean,
-                                   const Array& running_var, const BatchNormOptions& options);
+                                   const Array& running_var, const BatchNormOptions& options,
+                                   const Array& residual = Array{});
 
 struct BatchNormGrads {
   Array dx;       // (N, C), undefined unless need_input
   Array dweight;  // (C), undefined unless need_params
   Array dbias;    // (C), undefined unless need_params
+  Array dresidual;  // (N, C), undefined unless need_residual: dy where y > 0 (relu), dy itself without
 };
 
 // The gradients of batch_norm_forward's output: x, weight (or undefined), the forward's mean /
 // invstd, its output y (required when options.relu), dy (N, C) of x's dtype.
+// need_residual: the gradient of the forward's residual input (dy masked by y > 0 with the ReLU; dy
+// itself, the same array, without).
 BatchNormGrads batch_norm_backward(const Array& dy, const Array& x, const Array& y, const Array& weight,
                                    const Array& mean, const Array& invstd, bool need_input, bool need_params,
-                                   const BatchNormOptions& options);
+                                   const BatchNormOptions& options, bool need_residual = false);
 
 // The route decision of one pass without running it.
 Explanation explain_batch_norm(const Array& x, BatchNormPass pass, const BatchNormOptions& options);

@@ -202,6 +202,7 @@ struct BatchNormProblem {
   BatchNormPass pass = BatchNormPass::forward;
   bool training = true;
   bool relu = false;
+  bool residual = false;  // forward: a residual added before the ReLU; backward: its gradient asked for
   Dtype dtype = Dtype::f32;  // features
   Device device;
   std::int64_t n_rows = 0;

@@ -65,9 +65,10 @@ class ResidualBlock(torch.nn.Module):
                                                 lnn.BatchNorm(c_out, eps=eps, momentum=momentum))
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        y = self.bn2(self.conv2(lnn.features.batch_norm_relu(self.bn1, self.relu, self.conv1(x))))
+        y = self.conv2(lnn.features.batch_norm_relu(self.bn1, self.relu, self.conv1(x)))
         skip = x if self.shortcut is None else self.shortcut(x)
-        return lnn.features.add_relu(self.relu, y, skip)  # relu(y + skip), ReLU in place when plain
+        # relu(bn2(y) + skip): one lattice node where its batch norm applies (NN_RESIDUAL_DEVICES)
+        return lnn.features.batch_norm_add_relu(self.bn2, self.relu, y, skip)
 
 
 def translate(x: SparseTensor, shift: Sequence[int]) -> SparseTensor:

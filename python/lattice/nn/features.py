@@ -263,7 +263,7 @@ def _lattice_batch_norm(bn: torch.nn.Module, feats: torch.Tensor) -> Optional[tu
 
 
 def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, state: tuple, feats: torch.Tensor, relu: bool,
-                                op: str) -> torch.Tensor:
+                                op: str, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``bn(feats)`` (then ReLU) through lattice's op, ``state`` from :func:`_lattice_batch_norm`;
     ``num_batches_tracked`` counts as torch's."""
     w, b, rm, rv, tracked = state
@@ -272,7 +272,7 @@ def _lattice_batch_norm_forward(bn: torch.nn.BatchNorm1d, state: tuple, feats: t
     if training and tracked is not None:
         tracked.add_(1)
     return bn_ops.BatchNormFunction.apply(feats, w, b, rm, rv, training, float(d["momentum"]), float(d["eps"]), relu,
-                                          op, None)
+                                          op, None, residual)
 
 
 def _run_batch_norm(bn: torch.nn.Module, feats: torch.Tensor, op: str = "BatchNorm") -> torch.Tensor:
@@ -495,6 +495,26 @@ def batch_norm_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor)
         _check_batch_norm_input(child, feats, type(bn).__name__)
         return x.replace_feats(torch.relu_(_torch_batch_norm(child, feats)))
     return relu(bn(x))
+
+
+def batch_norm_add_relu(bn: torch.nn.Module, relu: torch.nn.Module, x: SparseTensor, skip: SparseTensor) -> SparseTensor:
+    """``relu(bn(x) + skip)`` for lattice.models' residual blocks (the coordinates of ``x``, the
+    rows of ``skip`` added row by row, as :func:`add_relu`). Where lattice's batch norm op applies
+    (as in :func:`batch_norm_relu`) on a device of
+    :data:`lattice.ops.fused_bn.NN_RESIDUAL_DEVICES`, the batch norm, the sum and the ReLU are one
+    lattice autograd node and one pass over the features (the sum made before rounding, so within
+    one rounding of the three ops); otherwise ``add_relu(relu, bn(x), skip)``."""
+    if type(bn) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU and _plain_call(bn, relu):
+        feats, other = x.feats, skip.feats
+        if feats.device.type in bn_ops.NN_RESIDUAL_DEVICES and other.shape == feats.shape and \
+                other.dtype == feats.dtype and other.device == feats.device:
+            _check(type(bn).__name__, x)
+            child = bn.__dict__["_modules"]["bn"]
+            state = _lattice_batch_norm(child, feats)
+            if state is not None:
+                return x.replace_feats(_lattice_batch_norm_forward(child, state, feats, True, type(bn).__name__,
+                                                                   residual=other))
+    return add_relu(relu, bn(x), skip)
 
 
 def add_relu(relu: torch.nn.Module, a: SparseTensor, b: SparseTensor) -> SparseTensor:

@@ -43,6 +43,11 @@ USE_LATTICE_BATCH_NORM = True
 # deterministic there. Setting both to frozenset({"cpu"}) gives torch's batch norm on CUDA.
 NN_DEVICES = frozenset({"cpu", "cuda"})
 NN_EVAL_DEVICES = frozenset({"cpu"})
+# The device types on which lattice.models' residual blocks fuse their sum and ReLU into the
+# second batch norm (lattice.nn.features.batch_norm_add_relu: relu(bn(x) + skip) as one node and
+# one pass instead of a batch norm, torch's add and torch's in-place ReLU); a subset of the two
+# sets above applies too. The CUDA route has no residual input yet.
+NN_RESIDUAL_DEVICES = frozenset({"cpu"})
 
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -62,12 +67,14 @@ class BatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],  # type: ignore[override]
                 running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
-                momentum: float, eps: float, relu: bool, op: str, route: Optional[str]) -> torch.Tensor:
+                momentum: float, eps: float, relu: bool, op: str, route: Optional[str],
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         # the per-channel tensors are a module's parameters and buffers, the same tensors on every
         # call: their core arrays are held across calls (lattice._held)
         y, state = core.batch_norm_apply(
             to_core(x), optional_held(weight), optional_held(bias), optional_held(running_mean),
-            optional_held(running_var), training, relu, eps, momentum, op, route)
+            optional_held(running_var), training, relu, eps, momentum, op, route,
+            None if residual is None else to_core(residual))
         y = from_core(y)
         ctx.state = state
         ctx.save_for_backward(x, y if relu else None)
@@ -79,22 +86,25 @@ class BatchNormFunction(torch.autograd.Function):
         ctx.saved_tensors  # the version check of x and y (values are read from ctx.state)
         need = ctx.needs_input_grad
         need_params = bool(need[1] or need[2])
-        if not (need[0] or need_params):
-            return (None,) * 11
-        dx, dw, db = core.batch_norm_apply_backward(ctx.state, to_core(grad_out.contiguous()), bool(need[0]),
-                                                    need_params)
+        need_residual = bool(need[11])
+        if not (need[0] or need_params or need_residual):
+            return (None,) * 12
+        dx, dw, db, dr = core.batch_norm_apply_backward(ctx.state, to_core(grad_out.contiguous()), bool(need[0]),
+                                                        need_params, need_residual)
         return (from_core(dx) if need[0] else None, from_core(dw) if need[1] else None,
-                from_core(db) if need[2] else None) + (None,) * 8
+                from_core(db) if need[2] else None) + (None,) * 8 + (from_core(dr) if need_residual else None,)
 
 
 def batch_norm_feats(feats: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
                      weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
                      momentum: float = 0.1, eps: float = 1e-5, relu: bool = False, *, op: str = "fused_batch_norm",
-                     route: Optional[str] = None) -> torch.Tensor:
+                     route: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`fused_batch_norm` on a plain (N, C) tensor. The core validates every argument
     ("[op] argument: expected ..., got ..."), torch-level type errors are raised here."""
     if not isinstance(feats, torch.Tensor):
         raise TypeError(f"[{op}] input: expected a torch.Tensor (N, C), got {type(feats).__name__}")
+    if residual is not None and not isinstance(residual, torch.Tensor):
+        raise TypeError(f"[{op}] residual: expected a torch.Tensor (N, C) or None, got {type(residual).__name__}")
     for what, v in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         if v is not None and not isinstance(v, torch.Tensor):
             raise TypeError(f"[{op}] {what}: expected a torch.Tensor or None, got {type(v).__name__}")
@@ -108,22 +118,24 @@ def batch_norm_feats(feats: torch.Tensor, running_mean: Optional[torch.Tensor], 
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"[{op}] {what}: expected a real number, got {type(v).__name__}")
     return BatchNormFunction.apply(feats, weight, bias, running_mean, running_var, bool(training), float(momentum),
-                                   float(eps), bool(relu), op, route)
+                                   float(eps), bool(relu), op, route, residual)
 
 
 def fused_batch_norm(input: SparseTensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
                      weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
                      momentum: float = 0.1, eps: float = 1e-5, relu: bool = False, *,
-                     route: Optional[str] = None) -> SparseTensor:
+                     route: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> SparseTensor:
     """Batch norm of the features (then ReLU when ``relu``) on lattice's route table: the
-    arguments of :func:`lattice.ops.batch_norm` (torch's kernel), plus ``relu`` and ``route``
-    ("cuda", "parallel" or "reference"; None lets the table choose). Rows and coordinate identity
-    are unchanged."""
+    arguments of :func:`lattice.ops.batch_norm` (torch's kernel), plus ``relu``, ``route``
+    ("cuda", "parallel" or "reference"; None lets the table choose) and ``residual``: an (N, C)
+    tensor of the input's dtype and device, row i added to output row i before the ReLU
+    (``relu(bn(x) + residual)``, a residual block's sum; the sum is made in the accumulation type
+    (float32; float64 for float64 features) and rounded once; the CPU routes only). Rows and coordinate identity are unchanged."""
     op = "fused_batch_norm"
     if not isinstance(input, SparseTensor):
         raise TypeError(f"[{op}] input: expected a lattice.SparseTensor, got {type(input).__name__}")
     return input.replace_feats(batch_norm_feats(input.feats, running_mean, running_var, weight, bias, training,
-                                                momentum, eps, relu, op=op, route=route))
+                                                momentum, eps, relu, op=op, route=route, residual=residual))
 
 
 def explain(input: Any, *, training: bool = False, relu: bool = False, pass_: str = "forward") -> Any:

@@ -1,8 +1,9 @@
 // Constraints: CPU; features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel
 // parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked
 // by the semantic layer), including none, any C; training and eval, forward and backward,
-// optional fused ReLU. Deterministic: bitwise-identical results for any thread count (fixed
-// blocks of 32 rows reduced in row order, their partials summed in double in a fixed order).
+// optional fused ReLU and residual input (added before the ReLU). Deterministic:
+// bitwise-identical results for any thread count (fixed blocks of 32 rows reduced in row order,
+// their partials summed in double in a fixed order).
 //
 // Reductions follow backend/common/batch_norm.h: lattice's OpenMP threads take whole row blocks
 // (schedule static over blocks, each block's partials written to their own slots), the
@@ -89,17 +90,23 @@ void block_moments(const T* __restrict x, std::int64_t n, std::int64_t c, Accum<
   }
 }
 
-// y = (x - mean) * scale + shift per channel (+ ReLU) on this thread's rows.
+// y = (x - mean) * scale + shift per channel (+ residual) (+ ReLU) on this thread's rows.
 template <class T>
 void normalize_rows(const T* __restrict x, T* __restrict y, std::int64_t n, std::int64_t c,
                     const Accum<T>* __restrict mean, const Accum<T>* __restrict scale,
-                    const Accum<T>* __restrict shift, bool relu) {
+                    const Accum<T>* __restrict shift, bool relu, const T* __restrict res) {
   using Acc = Accum<T>;
   const RowShare share = row_share(n);
   for (std::int64_t r = share.r0; r < share.r1; ++r) {
     const T* __restrict xr = x + r * c;
     T* __restrict yr = y + r * c;
-    if (relu) {
+    if (res) {  // the residual sum (in Acc, rounded once), then the ReLU
+      const T* __restrict rr = res + r * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        const Acc v = bn::mul(load(xr[ch]) - mean[ch], scale[ch]) + shift[ch] + load(rr[ch]);
+        yr[ch] = store<T>(relu ? relu_acc(v) : v);
+      }
+    } else if (relu) {
       for (std::int64_t ch = 0; ch < c; ++ch) {
         const Acc v = bn::mul(load(xr[ch]) - mean[ch], scale[ch]) + shift[ch];
         yr[ch] = store<T>(relu_acc(v));
@@ -161,7 +168,7 @@ void forward_typed(const BatchNormArgs& a) {
         shift[ch] = beta ? beta[ch] : Acc(0);
       }  // (barrier)
     }
-    normalize_rows(x, y, n, c, mean, scale.data(), shift.data(), relu);
+    normalize_rows(x, y, n, c, mean, scale.data(), shift.data(), relu, static_cast<const T*>(a.residual));
   }
 }
 
@@ -225,6 +232,21 @@ void input_grad_rows(const T* __restrict x, const T* __restrict dy, const T* __r
   }
 }
 
+// dres = dy' (dy where the forward's output is positive) on this thread's rows: the gradient of
+// the residual added before the ReLU.
+template <class T>
+void residual_grad_rows(const T* __restrict dy, const T* __restrict ys, std::int64_t n, std::int64_t c,
+                        T* __restrict dres) {
+  using Acc = Accum<T>;
+  const RowShare share = row_share(n);
+  for (std::int64_t r = share.r0; r < share.r1; ++r) {
+    const T* __restrict dr = dy + r * c;
+    const T* __restrict yr = ys + r * c;
+    T* __restrict out = dres + r * c;
+    for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = load(yr[ch]) > Acc(0) ? dr[ch] : store<T>(Acc(0));
+  }
+}
+
 template <class T, bool kRelu>
 void backward_relu_typed(const BatchNormArgs& a) {
   using Acc = Accum<T>;
@@ -265,6 +287,9 @@ void backward_relu_typed(const BatchNormArgs& a) {
         k2[ch] = static_cast<Acc>(sdyx / static_cast<double>(n));
       }
     }  // (barrier)
+    if constexpr (kRelu) {
+      if (a.dresidual) residual_grad_rows(dy, ys, n, c, static_cast<T*>(a.dresidual));
+    }
     if (dx) {
       if (training)
         input_grad_rows<T, kRelu, true>(x, dy, ys, n, c, mean, invstd, scale.data(), k1.data(), k2.data(), dx);

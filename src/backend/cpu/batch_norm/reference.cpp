@@ -1,7 +1,7 @@
 // Constraints: CPU; features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel
 // parameters and statistics in f32 (f64 for f64 features); any N (N >= 2 in training),
-// including none, any C; training and eval, forward and backward, optional fused ReLU.
-// Deterministic (single-threaded; per channel two passes over the rows in row order, summed
+// including none, any C; training and eval, forward and backward, optional fused ReLU and
+// residual input (added before the ReLU). Deterministic (single-threaded; per channel two passes over the rows in row order, summed
 // in double).
 //
 // The oracle the fast routes are compared with: written for obvious correctness, not speed.
@@ -53,8 +53,10 @@ void forward_typed(const BatchNormArgs& a) {
     invstd_out[ch] = static_cast<Acc>(invstd);
     const double g = gamma ? static_cast<double>(gamma[ch]) : 1.0;
     const double b = beta ? static_cast<double>(beta[ch]) : 0.0;
+    const T* res = static_cast<const T*>(a.residual);
     for (std::int64_t i = 0; i < n; ++i) {
       double v = (static_cast<double>(load(x[i * c + ch])) - mean) * invstd * g + b;
+      if (res) v += static_cast<double>(load(res[i * c + ch]));
       if (a.relu && !(v > 0.0)) v = v != v ? v : 0.0;  // max(v, 0); NaN stays NaN (torch.relu)
       y[i * c + ch] = store<T>(static_cast<Acc>(v));
     }
@@ -90,6 +92,9 @@ void backward_typed(const BatchNormArgs& a) {
     }
     if (dgamma) dgamma[ch] = static_cast<Acc>(sdyx);
     if (dbeta) dbeta[ch] = static_cast<Acc>(sdy);
+    if (T* dres = static_cast<T*>(a.dresidual)) {  // relu only: dy' itself
+      for (std::int64_t i = 0; i < n; ++i) dres[i * c + ch] = load(ys[i * c + ch]) > 0 ? dy[i * c + ch] : store<T>(Acc(0));
+    }
     if (!dx) continue;
     const double scale = (gamma ? static_cast<double>(gamma[ch]) : 1.0) * invstd;
     const double k1 = n > 0 ? sdy / static_cast<double>(n) : 0.0;

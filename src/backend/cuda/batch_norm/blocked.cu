@@ -2,7 +2,7 @@
 // features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and
 // statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked by the
 // semantic layer), including none, any C; training and eval, forward and backward, optional
-// fused ReLU. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in
+// fused ReLU, no residual input. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in
 // row order, their partials summed in double in a fixed order by one warp per channel (no
 // atomics), so results are bitwise the same run to run and for any grid; the same order and
 // arithmetic as the CPU parallel route.
