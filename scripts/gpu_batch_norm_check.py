@@ -10,13 +10,13 @@ Exits 1 when any case mismatches. Needs a CUDA device (scripts/device_session.sh
 
     LATTICE_EXTENSION_DIR=build-device/py PYTHONPATH=python python3 scripts/gpu_batch_norm_check.py
 """
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from gpu_host_time import event_ms  # scripts/ is this script's sys.path[0]
 from lattice.ops.fused_bn import batch_norm_feats
 
 dev = "cuda"
@@ -79,18 +79,9 @@ print(f"bitwise CUDA vs CPU parallel: {cases} cases, {bad} with mismatches")
 net_shapes = [(94444, 32), (47000, 64), (20000, 128), (5000, 256), (94444, 96)]
 
 
-def timed(fn, reps=40):
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) * 1000)
-    return statistics.median(ts)
+def timed(fn):
+    """us per call: the side-by-side script's CUDA-event timer (scripts/gpu_host_time.py)."""
+    return event_ms(fn, warm=5, reps=40) * 1000.0
 
 
 print("fwd+bwd per call, us (CUDA events; host-limited for small shapes): shape dtype lattice torch ratio")

@@ -131,7 +131,11 @@ def to_core(t: torch.Tensor) -> Any:
     The capsule always wraps a detached alias of ``t`` (not ``t`` itself), so the core's array
     keeps ``t``'s storage alive even if ``t`` is later given another storage (``p.data = ...``,
     ``set_``); :func:`borrow` skips that alias for arguments the core reads only during one call."""
-    t = t.detach()
+    return _export(t.detach())
+
+
+def _export(t: torch.Tensor) -> Any:
+    """The capsule of ``t`` as it is (to_core / borrow have chosen whether to detach)."""
     if t.is_cuda:
         _hand_over_stream(t)
         if not t.is_contiguous():
@@ -146,15 +150,7 @@ def borrow(t: torch.Tensor) -> Any:
     does not keep (the features, weight, bias and output gradient of a conv call): a tensor that
     needs no gradient crosses without the detached alias (one torch op less per argument). The
     capsule then holds ``t`` itself, which is alive for the whole call anyway."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.is_cuda:
-        _hand_over_stream(t)
-        if not t.is_contiguous():
-            t = t.contiguous()
-    elif _threads_pid != _pid:
-        _settle_threads()
-    return _to_dlpack(t)
+    return _export(t.detach() if t.requires_grad else t)
 
 
 def _raw_stream_slow(index: int) -> int:

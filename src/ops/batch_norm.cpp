@@ -34,6 +34,17 @@ void check_features(const std::string& op, std::string_view what, const Array& x
   if (x.ndim() != 2) throw_value_error(op, what, "a 2-D (N, C) feature matrix", "shape " + shape_of(x));
 }
 
+// An (N, C) matrix read next to the input (grad_out, residual): x's dtype, device and shape.
+void check_like_input(const std::string& op, std::string_view what, const Array& a, const Array& x) {
+  check_features(op, what, a);
+  if (a.dtype() != x.dtype())
+    throw_type_error(op, what, std::string(to_string(x.dtype())) + " (the dtype of the input)",
+                     to_string(a.dtype()));
+  if (a.device() != x.device()) throw_value_error(op, what, "a tensor on " + to_string(x.device()), to_string(a.device()));
+  if (a.shape() != x.shape())
+    throw_value_error(op, what, "shape " + shape_of(x) + " (that of the input)", shape_of(a));
+}
+
 // A per-channel array: (C) of the accumulation dtype on x's device; written in place when
 // `written` (running statistics), so it must be contiguous.
 void check_vector(const std::string& op, std::string_view what, const Array& v, const Array& x, bool written) {
@@ -108,16 +119,7 @@ BatchNormOutput batch_norm_forward(const Array& x_in, const Array& weight, const
   check_vector(op, "running_mean", running_mean, x_in, true);
   check_vector(op, "running_var", running_var, x_in, true);
   check_options(o);
-  if (residual.defined()) {
-    check_features(op, "residual", residual);
-    if (residual.dtype() != x_in.dtype())
-      throw_type_error(op, "residual", std::string(to_string(x_in.dtype())) + " (the dtype of the input)",
-                       to_string(residual.dtype()));
-    if (residual.device() != x_in.device())
-      throw_value_error(op, "residual", "a tensor on " + to_string(x_in.device()), to_string(residual.device()));
-    if (residual.shape() != x_in.shape())
-      throw_value_error(op, "residual", "shape " + shape_of(x_in) + " (that of the input)", shape_of(residual));
-  }
+  if (residual.defined()) check_like_input(op, "residual", residual, x_in);
   const std::int64_t n = x_in.dim(0), c = x_in.dim(1);
   if (o.training && n == 1)
     throw_value_error(op, "input", "more than 1 row per channel when training", std::to_string(n));
@@ -157,14 +159,7 @@ BatchNormGrads batch_norm_backward(const Array& dy_in, const Array& x_in, const 
                                    const BatchNormOptions& o, bool need_residual) {
   const std::string& op = o.op;
   check_features(op, "input", x_in);
-  check_features(op, "grad_out", dy_in);
-  if (dy_in.dtype() != x_in.dtype())
-    throw_type_error(op, "grad_out", std::string(to_string(x_in.dtype())) + " (the dtype of the input)",
-                     to_string(dy_in.dtype()));
-  if (dy_in.device() != x_in.device())
-    throw_value_error(op, "grad_out", "a tensor on " + to_string(x_in.device()), to_string(dy_in.device()));
-  if (dy_in.shape() != x_in.shape())
-    throw_value_error(op, "grad_out", "shape " + shape_of(x_in) + " (that of the input)", shape_of(dy_in));
+  check_like_input(op, "grad_out", dy_in, x_in);
   if (o.relu) {
     if (!y_in.defined()) throw_value_error(op, "output", "the forward's output (relu=True)", "nothing");
     check_features(op, "output", y_in);
