@@ -10,7 +10,8 @@
 # The call (carry [".deps/blis", ".deps/nlohmann", ".anchors"]; ~330 s of wall with everything):
 #   OUT=$OUT bash scripts/device_session.sh
 # Environment: SKIP_TS=1 (no TorchSparse, no side by side), SKIP_CTEST=1, SKIP_BN=1 (no
-# scripts/gpu_batch_norm_check.py), PROFILE=0 (no scripts/gpu_network_profile.py), PYT (pytest
+# scripts/gpu_batch_norm_check.py), SANITIZE=1 (memcheck + racecheck of the C++ tests in SAN_FILTER,
+# each within SAN_S seconds; SAN_PY: pytest arguments also run under memcheck), PROFILE=0 (no scripts/gpu_network_profile.py), PYT (pytest
 # files, default tests/python/test_batch_norm.py), PYT_S (their time limit, 120), ROUNDS, WL, CH,
 # NET (gpu_side_by_side.sh's), SBS_S (its time limit, 240).
 set -uo pipefail
@@ -35,6 +36,25 @@ if [ -z "${SKIP_CTEST:-}" ]; then
   stamp ctest
   (cd $BUILD && ctest -j 8 -R "Cuda" 2>&1 | tail -4) > "$OUT/ctest.txt"; cat "$OUT/ctest.txt"
 fi
+if [ -n "${SANITIZE:-}" ]; then
+  # memcheck and racecheck of the C++ CUDA tests named by SAN_FILTER (default: the batch norm
+  # kernels' shared-memory tiles and the implicit GEMM's small racecheck case)
+  SAN_FILTER=${SAN_FILTER:-'CudaBatchNorm.EqualsCpu*:CudaBatchNorm.TwoRuns*:CudaConv.ImplicitGemmSm80RacecheckSmall'}
+  for tool in memcheck racecheck; do
+    stamp "compute-sanitizer $tool"
+    extra=""; [ $tool = racecheck ] && extra="--racecheck-report all"
+    (cd $BUILD && timeout ${SAN_S:-200} compute-sanitizer --tool $tool $extra --error-exitcode 99 --print-limit 30 \
+      ./lattice_cpp_tests --gtest_filter="$SAN_FILTER" 2>&1 | tail -25; echo "$tool rc=${PIPESTATUS[0]}") > "$OUT/$tool.txt"
+    tail -3 "$OUT/$tool.txt"
+  done
+  if [ -n "${SAN_PY:-}" ]; then  # memcheck of the pytest selection SAN_PY (plain cudaMalloc: no pooled blocks)
+    stamp "compute-sanitizer memcheck: pytest $SAN_PY"
+    (PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-200} compute-sanitizer --tool memcheck --leak-check no \
+      --error-exitcode 99 --print-limit 30 python3 -m pytest -q -p no:cacheprovider $SAN_PY 2>&1 | tail -8
+      echo "memcheck (pytest) rc=${PIPESTATUS[0]}") >> "$OUT/memcheck.txt"
+    tail -2 "$OUT/memcheck.txt"
+  fi
+fi
 if [ -z "${SKIP_BN:-}" ]; then
   stamp gpu_batch_norm_check
   timeout 200 python3 scripts/gpu_batch_norm_check.py > "$OUT/bn_kernels.txt" 2>&1; echo "rc=$?" >> "$OUT/bn_kernels.txt"
@@ -57,9 +77,9 @@ if [ -z "${SKIP_TS:-}" ]; then
 fi
 stamp done
 # at most 8 files come back: the small logs go into all.txt
-cd "$OUT" && { for f in log.txt ctest.txt pytest.txt ts_build_rc.txt; do [ -f $f ] && { echo "== $f"; cat $f; }; done
+cd "$OUT" && { for f in log.txt ctest.txt memcheck.txt racecheck.txt pytest.txt ts_build_rc.txt; do [ -f $f ] && { echo "== $f"; cat $f; }; done
   [ -f build.txt ] && { echo "== build.txt (tail)"; tail -30 build.txt; }
   [ -f torchsparse_build.txt ] && { echo "== torchsparse_build.txt (tail)"; tail -5 torchsparse_build.txt; }; } > all.txt
-rm -f log.txt ctest.txt pytest.txt ts_build_rc.txt build.txt torchsparse_build.txt side_by_side.json \
+rm -f log.txt ctest.txt memcheck.txt racecheck.txt pytest.txt ts_build_rc.txt build.txt torchsparse_build.txt side_by_side.json \
   prof/cprof_infer.txt prof/prof_infer.txt profile_lidar_x2.txt
 ls -R "$OUT"

@@ -59,10 +59,12 @@ class _CoreProxy:
                 return attr(*a, **k)
             finally:
                 ms = 1e3 * (time.perf_counter() - t)
-                row = table.setdefault(name, [0, 0.0, 0])
+                synced = lattice.cuda.host_syncs() - s0
+                # calls that read back (a fresh relation's first count, ...) on rows of their own
+                row = table.setdefault(name + (" (reading back)" if synced else ""), [0, 0.0, 0])
                 row[0] += 1
                 row[1] += ms
-                row[2] += lattice.cuda.host_syncs() - s0
+                row[2] += synced
         return wrapped
 
 

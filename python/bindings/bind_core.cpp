@@ -81,6 +81,8 @@ void bind_core(py::module_& m) {
       .def("gemm_map", [](const Relation& r) { return capsule_from_array(r.gemm_map()); })
       .def("row_masks", [](const Relation& r) { return capsule_from_array(r.row_masks()); })
       .def("input_gemm_map", [](const Relation& r) { return capsule_from_array(r.input_gemm_map()); })
+      // Whether the input side is the output side mirrored (submanifold relations).
+      .def("mirrors_itself", &Relation::mirrors_itself)
       // Rows in mask order (int32), or None for kernel volumes above 64.
       .def("gemm_order", [](const Relation& r) -> py::object {
         const Array& a = r.gemm_order();

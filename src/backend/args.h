@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/common/coord_hash.h"
@@ -473,10 +474,20 @@ struct DeviceEdgeArgs {
 // from the map on first use by the entry points below. n_edges is the edge count when known
 // without a device read-back (the caller's hint, or counted on the host by cpu_hash only when a
 // hint is to be checked), else -1: counted on first use (RelationKernels::count_edges).
+// An edge count on its way to the host: a device route counts the edges while it builds the map
+// and queues the count's copy into pinned host memory behind an event, so that the relation's
+// first n_edges() (a training step's backward, long after the build) waits for that event, which
+// has normally passed, instead of synchronising the stream with all the work queued since.
+struct PendingCount {
+  virtual ~PendingCount() = default;
+  // The count; when its copy has not landed yet: waits for it (a host sync) if `wait`, else -1.
+  virtual std::int64_t get(bool wait) = 0;
+};
 struct DeviceEdges {
   Array map;
   std::int64_t n_edges = -1;
   bool identity = false;  // K == 1, n_in == n_out and map[o] == o for every row
+  std::shared_ptr<PendingCount> pending_edges;  // with n_edges == -1: the count, in flight (or null)
 };
 // The output-major edge list from a map and its row CSR: in_idx / out_idx / k_idx (E) int32
 // sorted by (o, k).

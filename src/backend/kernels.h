@@ -153,6 +153,10 @@ struct RelationKernels {
   // map[o, k] == i, else -1 (no conflicts: each (input row, offset) holds at most one edge). It is
   // also the map of the relation's transpose (bitwise what hashing the transposed rule gives).
   Array (*input_map)(const Array& map, std::int64_t n_in) = nullptr;
+  // (n, K) map -> (n, K) map with its offsets reversed: out[r, k] = map[r, K - 1 - k]. A
+  // submanifold relation's input-side map is its map mirrored (its offsets are centred, so offset
+  // K - 1 - k is minus offset k, and its input rows are its output rows): no scatter, no fill.
+  Array (*mirror_map)(const Array& map) = nullptr;
   // (n, K) int32 map -> (n) int32: the rows stably sorted by their offset mask (bit k set iff
   // map[row, k] >= 0, compared as an unsigned integer), so that consecutive rows share offsets;
   // undefined when K > 64 (no order: implicit-GEMM tiles then take rows in index order).

@@ -24,7 +24,6 @@ Verdict admit_batch_norm_parallel(const BatchNormProblem& p, const DeviceCaps&) 
 
 Verdict admit_batch_norm_cuda(const BatchNormProblem& p, const DeviceCaps& caps) {
   if (auto v = needs_cuda(p.device, caps); !v.admitted) return v;
-  if (p.residual) return Verdict::no("no residual input (the CPU routes add one)");
   return needs_float(p.dtype);
 }
 
@@ -41,7 +40,7 @@ constexpr std::array<RouteSpec<BatchNormProblem>, 3> kBatchNormRoutes{{
           "features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and "
           "statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked by the "
           "semantic layer), including none, any C; training and eval, forward and backward, "
-          "optional fused ReLU, no residual input. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in "
+          "optional fused ReLU and residual input (added before the ReLU). Deterministic: fixed blocks of 32 rows reduced per (block, channel) in "
           "row order, their partials summed in double in a fixed order by one warp per channel (no "
           "atomics), so results are bitwise the same run to run and for any grid; the same order and "
           "arithmetic as the CPU parallel route."}}}},

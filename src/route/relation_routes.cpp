@@ -27,7 +27,7 @@ constexpr std::array<RouteSpec<RelationProblem>, 2> kRelationRoutes{{
       .device = "cuda",
       .tier = GpuTier::classic,
       .rank = 0,
-      .kernels = "cuda::device_build_table cuda::device_find_duplicate cuda::device_batch_histogram cuda::device_support cuda::device_edges cuda::device_count_edges cuda::device_row_ptr cuda::device_edge_list cuda::device_per_offset cuda::device_row_masks cuda::device_input_grouping cuda::device_input_map cuda::device_row_order",
+      .kernels = "cuda::device_build_table cuda::device_find_duplicate cuda::device_batch_histogram cuda::device_support cuda::device_edges cuda::device_count_edges cuda::device_row_ptr cuda::device_edge_list cuda::device_per_offset cuda::device_row_masks cuda::device_input_grouping cuda::device_input_map cuda::device_mirror_map cuda::device_row_order",
       .files = {{{"src/backend/cuda/relation/hash.cu",
           "CUDA (data on a cuda device, the CUDA backend built and a device present); "
           "contiguous (N, 4) int32 coordinate rows, any int32 values; every relation kind, any kernel "
@@ -41,7 +41,7 @@ constexpr std::array<RouteSpec<RelationProblem>, 2> kRelationRoutes{{
       .device = "cpu",
       .tier = GpuTier::none,
       .rank = 1,
-      .kernels = "cpu::relation_cpu_hash_build_table cpu::relation_cpu_hash_find_duplicate cpu::relation_cpu_hash_batch_histogram cpu::relation_cpu_hash_support cpu::relation_cpu_hash_edges cpu::relation_cpu_hash_count_edges cpu::relation_cpu_hash_row_ptr cpu::relation_cpu_hash_edge_list cpu::relation_cpu_hash_per_offset cpu::relation_cpu_hash_row_masks cpu::relation_cpu_hash_input_grouping cpu::relation_cpu_hash_input_map cpu::relation_cpu_hash_row_order",
+      .kernels = "cpu::relation_cpu_hash_build_table cpu::relation_cpu_hash_find_duplicate cpu::relation_cpu_hash_batch_histogram cpu::relation_cpu_hash_support cpu::relation_cpu_hash_edges cpu::relation_cpu_hash_count_edges cpu::relation_cpu_hash_row_ptr cpu::relation_cpu_hash_edge_list cpu::relation_cpu_hash_per_offset cpu::relation_cpu_hash_row_masks cpu::relation_cpu_hash_input_grouping cpu::relation_cpu_hash_input_map cpu::relation_cpu_hash_mirror_map cpu::relation_cpu_hash_row_order",
       .files = {{{"src/backend/cpu/relation/hash.cpp",
           "CPU; contiguous (N, 4) int32 coordinate rows, any int32 values, fewer than 2^31 "
           "rows (checked by the tensor layer); every relation kind, any kernel volume, any row count "

@@ -27,6 +27,10 @@ struct RelationBuilder {
     r.identity = edges.identity;
     r.gemm_map_ = std::move(edges.map);
     r.n_edges_.store(edges.n_edges, std::memory_order_release);
+    if (edges.n_edges < 0 && edges.pending_edges) {
+      r.pending_edges_ = [p = std::move(edges.pending_edges)](bool wait) { return p->get(wait); };
+      r.has_pending_.store(true, std::memory_order_release);
+    }
     r.mark(kViewGemmMap);
   }
   // The transpose's map is forward's input-side map and the other way round; its edge count and
@@ -38,7 +42,7 @@ struct RelationBuilder {
     r.mark(kViewGemmMap);
     std::call_once(r.input_map_once_, [&] { r.input_gemm_map_ = forward.gemm_map_; });
     r.mark(kViewInputGemmMap);
-    r.n_edges_.store(forward.known_edges(), std::memory_order_release);
+    r.n_edges_.store(forward.landed_edges(), std::memory_order_release);
     if (forward.host_k_ptr_ready_.load(std::memory_order_acquire)) {
       std::call_once(r.host_k_ptr_once_, [&] { r.host_k_ptr_ = forward.host_k_ptr_; });
       r.host_k_ptr_ready_.store(true, std::memory_order_release);
@@ -323,10 +327,24 @@ std::int64_t Relation::n_edges() const {
   if (known >= 0) return known;
   std::call_once(count_once_, [this] {
     if (n_edges_.load(std::memory_order_acquire) >= 0) return;
-    const std::int64_t e = relation_kernels(relation_problem(*this, "n_edges")).count_edges(gemm_map_);
+    std::lock_guard lock(pending_mutex_);
+    const std::int64_t e = pending_edges_ ? pending_edges_(true)
+                                          : relation_kernels(relation_problem(*this, "n_edges")).count_edges(gemm_map_);
     n_edges_.store(e, std::memory_order_release);
+    pending_edges_ = nullptr;  // the pinned slot goes back to its pool
   });
   return n_edges_.load(std::memory_order_acquire);
+}
+
+std::int64_t Relation::landed_edges() const {
+  const std::int64_t known = known_edges();
+  if (known >= 0 || !has_pending_.load(std::memory_order_acquire)) return known;
+  std::int64_t landed = -1;
+  {
+    std::lock_guard lock(pending_mutex_);
+    if (pending_edges_) landed = pending_edges_(false);
+  }
+  return landed >= 0 ? n_edges() : known_edges();
 }
 
 const Array& Relation::out_ptr() const {
@@ -352,7 +370,10 @@ const Relation::EdgeList& Relation::edge_list() const {
 // returns the host bounds with it: one read-back gives n_edges and host_k_ptr.
 const Relation::OffsetGrouping& Relation::offset_grouping() const {
   std::call_once(grouping_once_, [this] {
-    const std::int64_t known = known_edges();
+    // A count that has landed from the build is taken; one still in flight is not waited for: the
+    // grouping then reads k_ptr back once, which gives the count and the host bounds together
+    // (never more read-backs than without the pending count; the grouping is the same either way).
+    const std::int64_t known = landed_edges();
     backend::DeviceOffsetGrouping g =
         relation_kernels(relation_problem(*this, "per_offset")).per_offset(gemm_map_, known);
     if (known < 0) {
@@ -391,7 +412,10 @@ std::int64_t Relation::view_bytes() const {
   add(kViewInputGrouping, {&input_grouping_.in_ptr, &input_grouping_.kt_in, &input_grouping_.kt_out});
   add(kViewInputGemmMap, {&input_gemm_map_});
   add(kViewGemmOrder, {&gemm_order_});
-  add(kViewInputGemmOrder, {&input_gemm_order_});
+  // a mirrored relation's input order is its output order (one array, counted once)
+  const bool shared_order = input_gemm_order_.defined() && gemm_order_.defined() && (v & kViewGemmOrder) &&
+                            input_gemm_order_.raw_data() == gemm_order_.raw_data();
+  if (!shared_order) add(kViewInputGemmOrder, {&input_gemm_order_});
   return bytes;
 }
 
@@ -404,9 +428,19 @@ const Array& Relation::row_masks() const {
   return row_masks_;
 }
 
+// A submanifold relation's input rows are its output rows and its offsets are centred (odd sizes:
+// offset K - 1 - k is minus offset k), so input row i reaches output o through offset k exactly
+// when o reaches i through offset K - 1 - k: its input-side map is its map mirrored, without the
+// scatter (and its fill) of the general case.
+bool Relation::mirrors_itself() const { return kind == RelationKind::submanifold && !transposed && n_in == n_out; }
+
 const Array& Relation::input_gemm_map() const {
   std::call_once(input_map_once_, [this] {
-    input_gemm_map_ = relation_kernels(relation_problem(*this, "input_gemm_map")).input_map(gemm_map_, n_in);
+    const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "input_gemm_map"));
+    if (mirrors_itself() && kernels.mirror_map)
+      input_gemm_map_ = kernels.mirror_map(gemm_map_);
+    else
+      input_gemm_map_ = kernels.input_map(gemm_map_, n_in);
     mark(kViewInputGemmMap);
   });
   return input_gemm_map_;
@@ -422,9 +456,18 @@ const Array& Relation::gemm_order() const {
   return gemm_order_;
 }
 
+// A mirrored map's row masks are the forward masks bit-reversed, a bijection: rows of one forward
+// mask have one input mask, so the forward order already groups the input side's rows (the groups
+// in another sequence; a tile's rows share their offsets just as well). Shared, not sorted again.
+// (The order decides which rows share a tile, never a row's sum, except the sign of a zero.)
 const Array& Relation::input_gemm_order() const {
   std::call_once(input_order_once_, [this] {
     if (identity) return;
+    if (mirrors_itself()) {
+      input_gemm_order_ = gemm_order();
+      mark(kViewInputGemmOrder);
+      return;
+    }
     const backend::RelationKernels& kernels = relation_kernels(relation_problem(*this, "input_gemm_order"));
     if (kernels.row_order) input_gemm_order_ = kernels.row_order(input_gemm_map());
     mark(kViewInputGemmOrder);

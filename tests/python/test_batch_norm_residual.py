@@ -8,7 +8,9 @@ second batch norm of lattice.models' residual blocks).
   ReLU) in float32 / float64, and the same bits for every thread count;
 * a MinkUNet42 training step and inference with the fused blocks are bitwise the unfused ones
   (NN_RESIDUAL_DEVICES empty) on the CPU, and the fused path is what runs;
-* bad residuals raise "[op] residual: expected ..., got ..."; the CUDA route admits none.
+* bad residuals raise "[op] residual: expected ..., got ...";
+* on CUDA the route is bitwise the CPU parallel route (every output, dtype, aligned or not), the
+  residual's gradient alone works, and a MinkUNet42 float32 step is bitwise fused and unfused.
 """
 from __future__ import annotations
 
@@ -181,13 +183,84 @@ def test_batch_norm_add_relu_falls_back_with_hooks():
     torch.testing.assert_close(y.feats, torch.relu(seen[0].feats + skip.feats), rtol=0, atol=0)
 
 
+def _bits(t):
+    t = t.detach().cpu()
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32 if t.element_size() == 4 else torch.int64)
+
+
 @adm.needs_gpu()
-def test_cuda_has_no_residual_route():
-    x = torch.randn(6, 3, device="cuda")
-    with pytest.raises(lattice.UnsupportedError, match=r"(?s)\[fused_batch_norm\] no route admitted this problem.*"
-                                                       r"no residual input"):
-        B.batch_norm_feats(x, torch.zeros(3, device="cuda"), torch.ones(3, device="cuda"), None, None, True,
-                           relu=True, residual=torch.randn(6, 3, device="cuda"))
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64"])
+@pytest.mark.parametrize("n, c, misaligned", [(3000, 32, False), (1000, 37, False), (999, 6, True), (70, 800, False),
+                                              (250, 300, True), (2, 256, False)])
+def test_cuda_route_with_a_residual_is_bitwise_the_cpu_parallel_route(name, n, c, misaligned):
+    """The CUDA route adds the residual in the normalisation pass and writes its gradient in the
+    input-gradient pass, in the CPU parallel route's order and arithmetic: the same bits for y, dx,
+    dweight, dbias, the residual's gradient and the running statistics; misaligned buffers take
+    the one-element kernels."""
+    dtype = DTYPES[name]
+    x, r, w, b, rm, rv, dy = _data(n, c, dtype, seed=n + c)
+    for training, relu in ((True, True), (True, False), (False, True), (False, False)):
+        rmp, rvp = rm.clone(), rv.clone()
+        want = _fused("parallel", x, r, w, b, rmp, rvp, dy, training, relu)
+        if misaligned:  # the residual one element into a buffer: not 16-byte aligned on the device
+            buf = torch.empty(n * c + 1, dtype=dtype, device="cuda")
+            rc = buf[1:].view(n, c)
+            rc.copy_(r)
+            assert rc.data_ptr() % 16 != 0
+        else:
+            rc = r.to("cuda")
+        rmc, rvc = rm.clone().to("cuda"), rv.clone().to("cuda")
+        xs, ws, bs = (t.to("cuda").requires_grad_() for t in (x, w, b))
+        rc.requires_grad_()  # not cloned: the misaligned buffer is what the route reads
+        y = B.batch_norm_feats(xs, rmc, rvc, ws, bs, training, 0.1, 1e-5, relu, route="cuda", residual=rc)
+        y.backward(dy.to("cuda"))
+        got = (y.detach(), xs.grad, ws.grad, bs.grad, rc.grad)
+        for g, e, what in zip(got + (rmc, rvc), want + (rmp, rvp),
+                              ("y", "dx", "dweight", "dbias", "dresidual", "running_mean", "running_var")):
+            assert g.dtype == e.dtype and g.device.type == "cuda", what
+            mism = int((_bits(g) != _bits(e)).sum())
+            assert mism == 0, f"{what}: {mism} of {e.numel()} elements differ (training={training}, relu={relu})"
+
+
+@adm.needs_gpu()
+def test_cuda_residual_gradient_alone_and_device_errors():
+    """Only the residual needs a gradient (x, weight and bias frozen): the input-gradient pass
+    writes it without dx; a residual on another device is an error."""
+    x, r, w, b, rm, rv, dy = _data(500, 16, torch.float32, seed=2)
+    for dev, route in (("cpu", "parallel"), ("cuda", "cuda")):
+        rs = r.to(dev).clone().requires_grad_()
+        y = B.batch_norm_feats(x.to(dev), rm.to(dev), rv.to(dev), w.to(dev), b.to(dev), True, 0.1, 1e-5, True,
+                               route=route, residual=rs)
+        y.backward(dy.to(dev))
+        if dev == "cpu":
+            want = rs.grad
+        else:
+            assert torch.equal(rs.grad.cpu(), want)
+    xc = torch.randn(6, 3, device="cuda")
     with pytest.raises(ValueError, match=r"\[fused_batch_norm\] residual: expected a tensor on cuda:0, got cpu"):
-        B.batch_norm_feats(x, torch.zeros(3, device="cuda"), torch.ones(3, device="cuda"), None, None, True,
+        B.batch_norm_feats(xc, torch.zeros(3, device="cuda"), torch.ones(3, device="cuda"), None, None, True,
                            relu=True, residual=torch.randn(6, 3))
+
+
+@adm.needs_gpu()
+def test_cuda_minkunet42_with_fused_residual_blocks_is_bitwise_the_unfused_model(monkeypatch):
+    """On CUDA in training the residual blocks run fused (NN_RESIDUAL_DEVICES holds cuda): a
+    float32 step equals the unfused one bit for bit (outputs, every gradient, the state)."""
+    def step(fused):
+        g = torch.Generator().manual_seed(0)
+        rows = torch.unique(torch.randint(0, 20, (400, 3), generator=g), dim=0)
+        coords = torch.cat([torch.zeros(len(rows), 1, dtype=torch.int64), rows], 1).int().cuda()
+        feats = torch.randn(len(coords), 4, generator=g).cuda()
+        labels = torch.randint(0, 19, (len(coords),), generator=g).cuda()
+        torch.manual_seed(0)
+        model = models.MinkUNet42(cr=0.125).cuda()
+        monkeypatch.setattr(B, "NN_RESIDUAL_DEVICES", frozenset({"cuda"}) if fused else frozenset())
+        out = model(lattice.SparseTensor(coords, feats))
+        torch.nn.functional.cross_entropy(out.feats, labels).backward()
+        return out.feats.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, model.state_dict()
+
+    y1, g1, s1 = step(True)
+    y2, g2, s2 = step(False)
+    assert torch.equal(y1, y2)
+    assert all(torch.equal(g1[k], g2[k]) for k in g1)
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)

@@ -89,6 +89,47 @@ def test_fresh_tensor_syncs_are_bounded_per_relation() -> None:
     assert syncs <= 21, f"{syncs} host syncs for one fresh forward (21 predicted with lazy views; 26 before)"
 
 
+def test_a_fresh_relations_edge_count_comes_from_its_build() -> None:
+    """A submanifold relation's map kernel counts its edges and queues the count's copy to pinned
+    host memory behind an event: once the device has run the build, ``n_edges`` is the CPU
+    relation's count and reading it waits for the device zero times (before: one read-back)."""
+    rng = np.random.default_rng(5)
+    coords = torch.from_numpy(random_coords(rng, 3000, batches=2, extent=30, spread=20))
+    w = torch.zeros(8, 3, 3, 3, 8)
+    plans = {}
+    for dev in ("cpu", DEV):
+        x = SparseTensor(coords.to(dev), torch.zeros(coords.shape[0], 8, device=dev))
+        plans[str(dev)] = lattice.ops.conv.plan("subm_conv3d", "submanifold", x, w.to(dev), kernel_size=3)
+    torch.cuda.synchronize()
+    before = lattice.cuda.host_syncs()
+    n_gpu = plans[str(DEV)].relation.n_edges
+    assert lattice.cuda.host_syncs() - before == 0
+    assert n_gpu == plans["cpu"].relation.n_edges > coords.shape[0]
+
+
+def test_a_fresh_training_steps_backward_reads_nothing_back() -> None:
+    """The backward of a fresh tensor's training step (float16: implicit GEMM) needs the
+    submanifold relations' edge counts (input gradient, weight-gradient runs, per-offset grouping):
+    they come from the builds, so once the forward has run on the device the backward waits for it
+    zero times (before: one read-back per submanifold relation, each stalling the host on all the
+    queued work)."""
+    model = _model(torch.float16).train()
+    x = _scene(seed=9)
+
+    def fresh():
+        return SparseTensor(x.coords.clone(), x.feats.clone().half())
+
+    _fwd_bwd(model, fresh())  # warm
+    model.zero_grad(set_to_none=True)
+    y = model(fresh())
+    loss = y.feats.float().square().mean()
+    torch.cuda.synchronize()
+    before = lattice.cuda.host_syncs()
+    loss.backward()
+    torch.cuda.synchronize()
+    assert lattice.cuda.host_syncs() - before == 0
+
+
 def test_each_relation_reads_back_only_what_sizes_its_output() -> None:
     """Read-backs per relation kind on a fresh tensor (float16: the implicit-GEMM route, which
     needs no per-offset bounds on the host), counted with ``lattice.cuda.host_syncs()``:

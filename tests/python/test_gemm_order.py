@@ -8,7 +8,9 @@ mask, so that a tile's rows share offsets. What these tests prove:
 * the order is a permutation of the rows, sorted by the offset mask (bit k set iff the row has an
   edge of offset k; the mask is recomputed here from the edge list), stable (rows of one mask keep
   ascending index order), for the output side and the input side, on CPU and CUDA, with CUDA equal
-  to CPU bitwise; kernel volumes above 64 have no order (None);
+  to CPU bitwise; kernel volumes above 64 have no order (None); a submanifold relation's input
+  side mirrors its output side: its input order is its output order (which groups the input
+  masks, the bit-reversed output masks, just as well) and its input map the scatter's, exactly;
 * on a simulated LiDAR scan the mask order visits at most half the offsets per tile that index
   order does (what the order is for: if it stopped grouping rows it would fail here);
 * the CUDA implicit-GEMM route with the order (forward, input and weight gradients) equals the
@@ -76,6 +78,18 @@ def _check_order(order: np.ndarray, masks: np.ndarray, what: str) -> None:
     assert np.array_equal(order, expected), f"{what}: not the stable mask order"
 
 
+def _check_groups(order: np.ndarray, masks: np.ndarray, what: str) -> None:
+    """A permutation under which the rows of each mask are consecutive, in ascending row order."""
+    n = masks.shape[0]
+    assert order.dtype == np.int32 and order.shape == (n,), what
+    assert np.array_equal(np.sort(order), np.arange(n)), f"{what}: not a permutation"
+    m = masks[order]
+    starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
+    assert len(np.unique(m)) == len(starts), f"{what}: the rows of a mask are not consecutive"
+    ends = np.r_[starts[1:], n]
+    assert all((np.diff(order[s:e]) > 0).all() for s, e in zip(starts, ends)), f"{what}: not stable"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("geom", list(GEOMS))
 def test_order_is_the_stable_mask_order(device, geom) -> None:
@@ -91,7 +105,18 @@ def test_order_is_the_stable_mask_order(device, geom) -> None:
     a = {k: _np(v) for k, v in rel.arrays().items()}
     assert rel.n_edges > rel.n_out, "the case must have neighbours"
     _check_order(_np(rel.gemm_order()), _masks(a["out_idx"], a["k_idx"], rel.n_out), f"{geom} output side")
-    _check_order(_np(rel.input_gemm_order()), _masks(a["in_idx"], a["k_idx"], rel.n_in), f"{geom} input side")
+    in_masks = _masks(a["in_idx"], a["k_idx"], rel.n_in)
+    if rel.mirrors_itself():  # submanifold: the input order is the output order, and it groups the input side
+        assert geom.startswith("subm")
+        assert np.array_equal(_np(rel.input_gemm_order()), _np(rel.gemm_order()))
+        _check_groups(_np(rel.input_gemm_order()), in_masks, f"{geom} input side")
+        # the mirrored map is the scatter's: input row i reaches output o through k iff o reaches i through K-1-k
+        inv = np.full((rel.n_in, kvol), -1, dtype=np.int32)
+        inv[a["in_idx"], a["k_idx"]] = a["out_idx"]
+        assert np.array_equal(_np(rel.input_gemm_map()), inv)
+    else:
+        assert not geom.startswith("subm")
+        _check_order(_np(rel.input_gemm_order()), in_masks, f"{geom} input side")
     assert lattice._core.from_core(rel.gemm_order()).device.type == device
 
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -41,6 +42,9 @@ class Relation {
   std::int64_t n_edges() const;
   // The count when known without counting, else -1.
   std::int64_t known_edges() const { return n_edges_.load(std::memory_order_acquire); }
+  // The count when known, or when the copy a device build queued (see pending_edges_) has landed;
+  // else -1. Never waits: what a view that reads the count back itself when it must starts from.
+  std::int64_t landed_edges() const;
 
   // Output-major edge list sorted by (out, k): int32 (E) each. Built on first use (together).
   const Array& in_idx() const { return edge_list().in_idx; }
@@ -76,8 +80,12 @@ class Relation {
   // the tile visits few of them. Undefined for kernel volumes above 64 and for the identity
   // relation (every row has its one offset: index order is the mask order). Built on first use on the
   // relation's device; a function of the map alone (the same on every device and run).
+  // A submanifold relation's input side mirrors its output side (mirrors_itself()): its
+  // input_gemm_map() is gemm_map() with the offsets reversed, and input_gemm_order() is
+  // gemm_order() itself (the same array: rows of one output mask share one input mask).
   const Array& gemm_order() const;
   const Array& input_gemm_order() const;
+  bool mirrors_itself() const;
   // k_ptr on the host (K + 1 values), read back once on first use (a copy for CPU relations):
   // routes that loop over offsets on the host read this instead of synchronising every call.
   const std::vector<std::int64_t>& host_k_ptr() const;
@@ -108,6 +116,12 @@ class Relation {
   mutable std::once_flag count_once_, edge_list_once_, out_ptr_once_, grouping_once_, masks_once_, input_once_,
       host_k_ptr_once_, input_map_once_, order_once_, input_order_once_;
   mutable std::atomic<std::int64_t> n_edges_{-1};
+  // The count a device build queued to the host (backend/args.h PendingCount), set by the build
+  // and taken by n_edges() (cleared then); called only under pending_mutex_. has_pending_: whether
+  // the build left one (a lock-free test).
+  mutable std::function<std::int64_t(bool)> pending_edges_;
+  mutable std::mutex pending_mutex_;
+  std::atomic<bool> has_pending_{false};
   mutable std::atomic<unsigned> built_{0};
   Array gemm_map_;
   mutable EdgeList edge_list_;

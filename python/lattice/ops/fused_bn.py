@@ -46,8 +46,8 @@ NN_EVAL_DEVICES = frozenset({"cpu"})
 # The device types on which lattice.models' residual blocks fuse their sum and ReLU into the
 # second batch norm (lattice.nn.features.batch_norm_add_relu: relu(bn(x) + skip) as one node and
 # one pass instead of a batch norm, torch's add and torch's in-place ReLU); a subset of the two
-# sets above applies too. The CUDA route has no residual input yet.
-NN_RESIDUAL_DEVICES = frozenset({"cpu"})
+# sets above applies too (on CUDA: in training, where lattice's batch norm runs there).
+NN_RESIDUAL_DEVICES = frozenset({"cpu", "cuda"})
 
 _FEATURE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

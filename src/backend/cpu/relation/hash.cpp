@@ -563,6 +563,20 @@ Array relation_cpu_hash_input_map(const Array& fwd, std::int64_t n_in) {
   return map;
 }
 
+// The map with its offsets reversed (a submanifold relation's input-side map; see kernels.h).
+Array relation_cpu_hash_mirror_map(const Array& map) {
+  const std::int64_t n = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  Array out = Array::empty({n, K}, Dtype::i32);
+  const std::int32_t* f = map.data<std::int32_t>();
+  std::int32_t* m = out.data<std::int32_t>();
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (n * K >= kMinParallelPairs)
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t k = 0; k < K; ++k) m[r * K + k] = f[r * K + (K - 1 - k)];
+  }
+  return out;
+}
+
 // Rows stably sorted by their offset mask (an unsigned integer, bit k for offset k): the order
 // implicit-GEMM tiles take rows in, so that a tile's rows share offsets. Stable: rows of one mask
 // keep ascending index order, so the order is a function of the map alone.
@@ -593,4 +607,5 @@ LATTICE_ROUTE_KERNELS(RelationKernels, relation_cpu_hash, {
     .row_masks = cpu::relation_cpu_hash_row_masks,
     .input_grouping = cpu::relation_cpu_hash_input_grouping,
     .input_map = cpu::relation_cpu_hash_input_map,
+    .mirror_map = cpu::relation_cpu_hash_mirror_map,
     .row_order = cpu::relation_cpu_hash_row_order});

@@ -2,8 +2,8 @@
 // features (N, C) of any float dtype (f16, bf16, f32, f64) with per-channel parameters and
 // statistics in f32 (f64 for f64 features); any N (N >= 2 in training, checked by the
 // semantic layer), including none, any C; training and eval, forward and backward, optional
-// fused ReLU, no residual input. Deterministic: fixed blocks of 32 rows reduced per (block, channel) in
-// row order, their partials summed in double in a fixed order by one warp per channel (no
+// fused ReLU and residual input (added before the ReLU). Deterministic: fixed blocks of 32 rows
+// reduced per (block, channel) in row order, their partials summed in double in a fixed order by one warp per channel (no
 // atomics), so results are bitwise the same run to run and for any grid; the same order and
 // arithmetic as the CPU parallel route.
 //
@@ -17,8 +17,10 @@
 //     statistics) -> normalize (elementwise).
 //   forward, eval: eval_stats (one thread per channel) -> normalize.
 //   backward: grad_sums (per (block, channel): sum dy', sum dy' * xhat) -> grad_finalize (one
-//     warp per channel; dgamma, dbeta, the means k1, k2) -> grad_input (elementwise dx). Eval
-//     without dgamma: grad_input only.
+//     warp per channel; dgamma, dbeta, the means k1, k2) -> grad_input (elementwise dx, and
+//     the residual's gradient: dy masked by the output). Eval without dgamma: grad_input only.
+//   A residual input is one more operand of normalize (y = relu(bn(x) + residual), the sum in
+//   the accumulation type and rounded once, as on the CPU routes).
 // How the memory is read (none of it changes an operand or the order of any sum, so the bits are
 // those of one thread per (block, channel) and of the CPU route):
 //   - moments and grad_sums copy a tile of whole 32-row blocks (contiguous rows, all channels)
@@ -350,7 +352,7 @@ template <class T, int V>
 __global__ void normalize_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t c,
                                  std::int64_t rows_per_pass, const Accum<T>* __restrict__ mean,
                                  const Accum<T>* __restrict__ invstd, const Accum<T>* __restrict__ gamma,
-                                 const Accum<T>* __restrict__ beta, bool relu) {
+                                 const Accum<T>* __restrict__ beta, bool relu, const T* __restrict__ res) {
   using Acc = Accum<T>;
   const std::int64_t cv = c / V;
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -367,11 +369,21 @@ __global__ void normalize_kernel(const T* __restrict__ x, T* __restrict__ y, std
   for (std::int64_t r = row0; r < n; r += rows_per_pass) {
     const Pack<T, V> k = load_pack<V>(x + r * c + ch0);
     Pack<T, V> o;
+    if (res) {  // the residual sum (in Acc, rounded once), then the ReLU: the CPU routes' order
+      const Pack<T, V> q = load_pack<V>(res + r * c + ch0);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      Acc v = bn::mul(fast_load(k.v[j]) - mu[j], scale[j]) + shift[j];
-      if (relu) v = relu_acc(v);
-      o.v[j] = dev_store<T>(v);
+      for (int j = 0; j < V; ++j) {
+        Acc v = bn::mul(fast_load(k.v[j]) - mu[j], scale[j]) + shift[j] + fast_load(q.v[j]);
+        if (relu) v = relu_acc(v);
+        o.v[j] = dev_store<T>(v);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        Acc v = bn::mul(fast_load(k.v[j]) - mu[j], scale[j]) + shift[j];
+        if (relu) v = relu_acc(v);
+        o.v[j] = dev_store<T>(v);
+      }
     }
     *reinterpret_cast<Pack<T, V>*>(y + r * c + ch0) = o;
   }
@@ -525,7 +537,7 @@ __global__ void grad_input_kernel(const T* __restrict__ x, const T* __restrict__
                                   bool relu, bool training, std::int64_t n, std::int64_t c, std::int64_t rows_per_pass,
                                   const Accum<T>* __restrict__ gamma, const Accum<T>* __restrict__ mean,
                                   const Accum<T>* __restrict__ invstd, const Accum<T>* __restrict__ k1,
-                                  const Accum<T>* __restrict__ k2, T* __restrict__ dx) {
+                                  const Accum<T>* __restrict__ k2, T* __restrict__ dx, T* __restrict__ dres) {
   using Acc = Accum<T>;
   const std::int64_t cv = c / V;
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -546,7 +558,16 @@ __global__ void grad_input_kernel(const T* __restrict__ x, const T* __restrict__
   for (std::int64_t r = row0; r < n; r += rows_per_pass) {
     const std::int64_t i = r * c + ch0;
     Acc g[V];
-    masked_grad<T, V>(load_pack<V>(dy + i), load_pack<V>(ysp + i), relu, g);
+    const Pack<T, V> dk = load_pack<V>(dy + i);
+    const Pack<T, V> yk = load_pack<V>(ysp + i);
+    masked_grad<T, V>(dk, yk, relu, g);
+    if (dres) {  // the residual's gradient (relu only): dy where the output is positive, else 0
+      Pack<T, V> q;
+#pragma unroll
+      for (int j = 0; j < V; ++j) q.v[j] = fast_load(yk.v[j]) > Acc(0) ? dk.v[j] : dev_store<T>(Acc(0));
+      *reinterpret_cast<Pack<T, V>*>(dres + i) = q;
+    }
+    if (!dx) continue;
     const Pack<T, V> xk = load_pack<V>(xp + i);
     Pack<T, V> o;
 #pragma unroll
@@ -606,12 +627,13 @@ void forward_typed(const BatchNormArgs& a) {
     LATTICE_CUDA_CHECK_LAUNCH();
   }
   if (n == 0) return;
-  with_width<T>(pack_width<T>(c, {a.x, a.y}), [&](auto w) {
+  with_width<T>(pack_width<T>(c, {a.x, a.y, a.residual}), [&](auto w) {
     constexpr int V = decltype(w)::value;
     const ChannelGrid g = channel_grid(n, c / V);
     normalize_kernel<T, V><<<g.blocks, kThreads, 0, s>>>(
         static_cast<const T*>(a.x), static_cast<T*>(a.y), n, c, g.rows_per_pass, mean, invstd,
-        static_cast<const Acc*>(a.gamma), static_cast<const Acc*>(a.beta), a.relu);
+        static_cast<const Acc*>(a.gamma), static_cast<const Acc*>(a.beta), a.relu,
+        static_cast<const T*>(a.residual));
   });
   LATTICE_CUDA_CHECK_LAUNCH();
 }
@@ -657,13 +679,17 @@ void backward_typed(const BatchNormArgs& a) {
                                                                 static_cast<Acc*>(a.dbeta), k1, k2);
     LATTICE_CUDA_CHECK_LAUNCH();
   }
-  if (!a.dx || n == 0) return;
-  with_width<T>(pack_width<T>(c, {dy, a.dx, a.relu ? ys : nullptr, a.training ? x : nullptr}), [&](auto w) {
+  // The residual's gradient (dy masked by the output) comes from the same pass; the semantic
+  // layer asks for it only with the ReLU (without, it is dy itself).
+  LATTICE_ASSERT(!a.dresidual || a.relu, "batch_norm cuda backward: a residual gradient without the ReLU");
+  if ((!a.dx && !a.dresidual) || n == 0) return;
+  const bool training = a.training && a.dx;  // k1 / k2 exist when dx is asked for in training
+  with_width<T>(pack_width<T>(c, {dy, a.dx, a.dresidual, a.relu ? ys : nullptr, training ? x : nullptr}), [&](auto w) {
     constexpr int V = decltype(w)::value;
     const ChannelGrid g = channel_grid(n, c / V);
-    grad_input_kernel<T, V><<<g.blocks, kThreads, 0, s>>>(x, dy, ys, a.relu, a.training, n, c, g.rows_per_pass,
+    grad_input_kernel<T, V><<<g.blocks, kThreads, 0, s>>>(x, dy, ys, a.relu, training, n, c, g.rows_per_pass,
                                                           static_cast<const Acc*>(a.gamma), mean, invstd, k1, k2,
-                                                          static_cast<T*>(a.dx));
+                                                          static_cast<T*>(a.dx), static_cast<T*>(a.dresidual));
   });
   LATTICE_CUDA_CHECK_LAUNCH();
 }

@@ -14,7 +14,8 @@
 // an (offset, input row) -> output row table in k-major order (within one offset every input
 // row occurs at most once). Integer atomics only count or take minima (order-independent).
 // A build stores the map alone; each other view is one entry point, run when the relation is
-// first asked for it (lattice/tensor/relation.h "Views"); only device_count_edges reads back.
+// first asked for it (lattice/tensor/relation.h "Views"); only device_count_edges reads back (and
+// device_edges queues its count's copy to pinned memory: PendingCount, no wait).
 
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
@@ -168,7 +169,7 @@ __global__ void compact_kernel(const Coord4* cand, const std::int64_t* pos, std:
 // map[o * K + k]: the input row feeding (o, k), or -1 (relation.cpp find_edges).
 __global__ void map_kernel(CoordTableView table, bool has_input, const Coord4* out, std::int64_t n_out,
                            std::int64_t K, KernelSpec spec, bool centered, Axis3 s, Axis3 p, bool scatter,
-                           std::int32_t* map) {
+                           std::int32_t* map, unsigned long long* count) {
   LATTICE_GRID_STRIDE(t, n_out * K) {
     const std::int64_t o = t / K;
     const std::int64_t k = t - o * K;
@@ -188,10 +189,17 @@ __global__ void map_kernel(CoordTableView table, bool has_input, const Coord4* o
       }
       exists = exists && geometry::fits_int32(want[a]);
     }
-    map[t] = exists ? table_find(table, Coord4{oc.b, static_cast<std::int32_t>(want[0]),
-                                               static_cast<std::int32_t>(want[1]),
-                                               static_cast<std::int32_t>(want[2])})
-                    : -1;
+    const std::int32_t found = exists ? table_find(table, Coord4{oc.b, static_cast<std::int32_t>(want[0]),
+                                                               static_cast<std::int32_t>(want[1]),
+                                                               static_cast<std::int32_t>(want[2])})
+                                      : -1;
+    map[t] = found;
+    if (count) {  // the edge count: one integer atomic per warp step (order-independent)
+      const unsigned active = __activemask();
+      const unsigned hits = __ballot_sync(active, found >= 0);
+      if (hits && (threadIdx.x & 31) == static_cast<unsigned>(__ffs(active) - 1))
+        atomicAdd(count, static_cast<unsigned long long>(__popc(hits)));
+    }
   }
 }
 
@@ -271,6 +279,13 @@ __global__ void input_map_kernel(const std::int32_t* map, std::int64_t n_out, st
       const std::int64_t o = t / K;
       inv[static_cast<std::int64_t>(i) * K + (t - o * K)] = static_cast<std::int32_t>(o);
     }
+  }
+}
+
+__global__ void mirror_map_kernel(const std::int32_t* map, std::int64_t n, std::int64_t K, std::int32_t* out) {
+  LATTICE_GRID_STRIDE(t, n * K) {
+    const std::int64_t r = t / K;
+    out[t] = map[r * K + (K - 1 - (t - r * K))];
   }
 }
 
@@ -483,6 +498,11 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
     r.n_edges = n_out;
     return r;
   }
+  // Unless the count is known or this is a 1x1 relation (checked for the identity below), the map
+  // kernel counts the edges and the count travels to pinned host memory behind an event
+  // (PendingCount): the relation's first n_edges() takes it without a stream synchronisation.
+  Array counter;
+  if (pairs > 0 && r.n_edges < 0 && !(K == 1 && n_in == n_out)) counter = Array::zeros({1}, Dtype::i64, device);
   if (pairs > 0) {
     CoordTableView view{rows_of(args.input),
                         args.input_table && args.input_table->slots.defined()
@@ -492,8 +512,12 @@ DeviceEdges device_edges(const DeviceEdgeArgs& args) {
     const bool has_input = n_in > 0 && view.slots != nullptr;
     map_kernel<<<grid_for(pairs), kThreads, 0, s>>>(view, has_input, rows_of(args.output), n_out, K, args.spec,
                                                     args.centered, axis3(args.stride), axis3(args.padding),
-                                                    args.scatter, r.map.data<std::int32_t>());
+                                                    args.scatter, r.map.data<std::int32_t>(),
+                                                    counter.defined()
+                                                        ? reinterpret_cast<unsigned long long*>(counter.raw_data())
+                                                        : nullptr);
     LATTICE_CUDA_CHECK_LAUNCH();
+    if (counter.defined()) r.pending_edges = copy_count_async(counter.data<std::int64_t>(), device);
   }
   // identity: K == 1 onto as many rows, each reaching itself (one read-back, 1x1 relations only).
   if (K == 1 && n_in == n_out) {
@@ -625,6 +649,21 @@ Array device_input_map(const Array& map, std::int64_t n_in) {
   return inv;
 }
 
+// The map with its offsets reversed (a submanifold relation's input-side map; see kernels.h).
+Array device_mirror_map(const Array& map) {
+  const Device device = map.device();
+  DeviceGuard guard(device.index);
+  const std::int64_t n = map.dim(0);
+  const std::int64_t K = map.dim(1);
+  Array out = Array::empty({n, K}, Dtype::i32, device);
+  if (n * K > 0) {
+    mirror_map_kernel<<<grid_for(n * K), kThreads, 0, stream_of(device)>>>(map.data<std::int32_t>(), n, K,
+                                                                          out.data<std::int32_t>());
+    LATTICE_CUDA_CHECK_LAUNCH();
+  }
+  return out;
+}
+
 Array device_row_masks(const Array& map) {
   const Device device = map.device();
   DeviceGuard guard(device.index);
@@ -719,4 +758,5 @@ LATTICE_ROUTE_KERNELS(RelationKernels, relation_cuda_hash, {
     .row_masks = cuda::device_row_masks,
     .input_grouping = cuda::device_input_grouping,
     .input_map = cuda::device_input_map,
+    .mirror_map = cuda::device_mirror_map,
     .row_order = cuda::device_row_order});

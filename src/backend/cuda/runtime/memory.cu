@@ -467,4 +467,124 @@ void copy_to_host(void* dst, const void* src, std::size_t nbytes, Device device)
   copy(dst, Device::cpu(), src, device, nbytes);
 }
 
+namespace {
+
+// Pinned int64 slots and events for pending counts, recycled: a slot and its event go back to the
+// free lists once the event has passed (a count dropped before its copy landed waits in
+// `draining` until then, so a late copy never writes into a slot handed out again). Never
+// destroyed (counts may be released during static destruction).
+class PendingPool {
+ public:
+  struct Entry {
+    std::int64_t* slot = nullptr;
+    cudaEvent_t event = nullptr;
+    int device = 0;
+  };
+
+  Entry acquire(int device) {
+    std::lock_guard lock(mutex_);
+    recycle_locked();
+    Entry e;
+    e.device = device;
+    if (free_slots_.empty()) {
+      constexpr std::size_t kSlots = 512;
+      void* chunk = nullptr;
+      LATTICE_CUDA_CHECK(cudaHostAlloc(&chunk, kSlots * sizeof(std::int64_t), cudaHostAllocPortable));
+      auto* p = static_cast<std::int64_t*>(chunk);
+      for (std::size_t i = 0; i < kSlots; ++i) free_slots_.push_back(p + i);
+    }
+    e.slot = free_slots_.back();
+    free_slots_.pop_back();
+    auto& events = free_events_[device];
+    if (events.empty()) {
+      LATTICE_CUDA_CHECK(cudaEventCreateWithFlags(&e.event, cudaEventDisableTiming));
+    } else {
+      e.event = events.back();
+      events.pop_back();
+    }
+    return e;
+  }
+
+  void release(const Entry& e, bool landed) {
+    std::lock_guard lock(mutex_);
+    if (landed) {
+      free_slots_.push_back(e.slot);
+      free_events_[e.device].push_back(e.event);
+    } else {
+      draining_.push_back(e);
+    }
+  }
+
+ private:
+  void recycle_locked() {
+    for (std::size_t i = 0; i < draining_.size();) {
+      if (cudaEventQuery(draining_[i].event) == cudaSuccess) {
+        free_slots_.push_back(draining_[i].slot);
+        free_events_[draining_[i].device].push_back(draining_[i].event);
+        draining_[i] = draining_.back();
+        draining_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    cudaGetLastError();  // a query of an event not yet passed leaves cudaErrorNotReady behind
+  }
+
+  std::mutex mutex_;
+  std::vector<std::int64_t*> free_slots_;
+  std::unordered_map<int, std::vector<cudaEvent_t>> free_events_;
+  std::vector<Entry> draining_;
+};
+
+PendingPool& pending_pool() {
+  static PendingPool* p = new PendingPool;
+  return *p;
+}
+
+class CudaPendingCount final : public PendingCount {
+ public:
+  explicit CudaPendingCount(PendingPool::Entry e) : e_(e) {}
+  ~CudaPendingCount() override {
+    const bool landed = taken_ || cudaEventQuery(e_.event) == cudaSuccess;
+    cudaGetLastError();
+    pending_pool().release(e_, landed);
+  }
+  std::int64_t get(bool wait) override {
+    if (!taken_) {
+      const cudaError_t q = cudaEventQuery(e_.event);
+      if (q == cudaErrorNotReady) {
+        cudaGetLastError();
+        if (!wait) return -1;
+        pool().count_host_sync();
+        LATTICE_CUDA_CHECK(cudaEventSynchronize(e_.event));
+      } else {
+        LATTICE_CUDA_CHECK(q);
+      }
+      value_ = *e_.slot;
+      taken_ = true;
+    }
+    return value_;
+  }
+
+ private:
+  PendingPool::Entry e_;
+  std::int64_t value_ = -1;
+  bool taken_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<PendingCount> copy_count_async(const std::int64_t* value, Device device) {
+  require_device(device.index);
+  DeviceGuard guard(device.index);
+  cudaStream_t s = stream_of(device);
+  if (capturing(s)) return nullptr;
+  const PendingPool::Entry e = pending_pool().acquire(device.index);
+  *e.slot = -1;
+  auto pending = std::make_shared<CudaPendingCount>(e);
+  LATTICE_CUDA_CHECK(cudaMemcpyAsync(e.slot, value, sizeof(std::int64_t), cudaMemcpyDeviceToHost, s));
+  LATTICE_CUDA_CHECK(cudaEventRecord(e.event, s));
+  return pending;
+}
+
 }  // namespace lattice::backend::cuda
