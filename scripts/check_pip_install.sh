@@ -65,7 +65,10 @@ smoke "$V" "$WORK/venv/lib"
 stamp "2. pip wheel <clone> (reuses the build folder)"
 "$V" -m pip wheel -q --no-deps --no-build-isolation "${CFG[@]}" -w "$WORK/wheel" "$WORK/src"
 WHEEL=$(ls "$WORK"/wheel/lattice-*.whl)
-"$V" -m zipfile -l "$WHEEL" | grep -q "lattice/_lattice" || { echo "check_pip_install: $WHEEL has no extension" >&2; exit 1; }
+# the listing is read whole before it is searched: `zipfile -l | grep -q` under pipefail failed CI
+# when grep quit at its first match and zipfile's next print hit the closed pipe (BrokenPipeError)
+LISTING=$("$V" -m zipfile -l "$WHEEL")
+grep -q "lattice/_lattice" <<<"$LISTING" || { echo "check_pip_install: $WHEEL has no extension" >&2; exit 1; }
 "$PY" -m venv --system-site-packages "$WORK/venv2"
 "$WORK/venv2/bin/python" -m pip install -q --no-deps "$WHEEL"
 smoke "$WORK/venv2/bin/python" "$WORK/venv2/lib"
