@@ -468,18 +468,18 @@ TYPED_TEST(ConvGatherGemmScatter, SubmanifoldCentreRunsInPlaceMatchReference) {
   }
 }
 
-// f32 forward, input_grad and weight_grad of gather_gemm_scatter take the fused AVX2 + FMA
+// f32 forward, input_grad and weight_grad of gather_gemm_scatter take the fused AVX + FMA
 // kernels (backend/cpu/common/fused_rows.h: rows read in place, W[k] packed once per call; the
 // weight gradient in edge blocks of 16-256 edges) on CPUs that have them, and the BLIS gather/GEMM/scatter path elsewhere (f16/bf16/f64 always take BLIS).
 // The typed tests above hold whichever path this machine takes for f32; this one switches the
 // fused kernel off and on around the same problems, so both f32 paths are checked against the
-// reference, and each for bitwise equality across runs and thread counts, on any CPU with AVX2.
+// reference, and each for bitwise equality across runs and thread counts, on any CPU with AVX and FMA.
 // The shapes include column tails of the 16-column panels (C_out 1, 3, 4, 9, 24, 33, 48) and row
 // ranges that are not multiples of the 6-row tile; the submanifold case has long consecutive runs.
 TEST(ConvGatherGemmScatterF32, FusedAndBlisPathsMatchReferenceAndAreReproducible) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    ASSERT_TRUE(detail::fused_rows_available()) << "an AVX2 + FMA CPU must take the fused f32 path";
+  if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("fma")) {
+    ASSERT_TRUE(detail::fused_rows_available()) << "an AVX + FMA CPU (AVX2 or not) must take the fused f32 path";
   }
 #endif
   struct Restore {
@@ -542,7 +542,7 @@ TYPED_TEST(ConvPointwiseMatmul, MatchesReferenceOnIdentityRelation) {
   }
 }
 
-// The pointwise route's f32 passes take the fused register-tile kernels on an AVX2 + FMA CPU
+// The pointwise route's f32 passes take the fused register-tile kernels on an AVX + FMA CPU
 // (issue 17) and BLIS otherwise. This switches the fused kernels off and on around the same
 // identity problems, so both paths are checked against the reference, and each for bitwise
 // equality across runs and thread counts. The shapes cover several row blocks of the fused

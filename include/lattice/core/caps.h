@@ -18,7 +18,7 @@ GpuTier tier_for_sm(int sm);
 
 struct CpuCaps {
   int threads = 1;        // OpenMP threads available to CPU routes
-  std::string isa;        // best vector ISA compiled for and present: "avx512f", "avx2", "sse4.2", "generic"
+  std::string isa;        // best vector ISA compiled for and present: "avx512f", "avx2", "avx+fma", "sse4.2", "generic"
   std::string blas;       // BLAS vendor linked for gather_gemm_scatter, empty if none
 };
 

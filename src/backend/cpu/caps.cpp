@@ -37,6 +37,7 @@ CpuCaps query_cpu_caps() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) caps.isa = "avx512f";
   else if (__builtin_cpu_supports("avx2")) caps.isa = "avx2";
+  else if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("fma")) caps.isa = "avx+fma";  // e.g. VMs hiding AVX2
   else if (__builtin_cpu_supports("sse4.2")) caps.isa = "sse4.2";
   else caps.isa = "generic";
 #elif defined(__aarch64__)

@@ -1,6 +1,8 @@
-// Fused gather-GEMM-scatter kernels for f32 (see fused_rows.h). The AVX2 + FMA code is compiled
-// with a function-level target attribute and chosen at run time, so the library still runs on
-// any x86-64 (and on other ISAs, where fused_rows_available() is false).
+// Fused gather-GEMM-scatter kernels for f32 (see fused_rows.h). The 256-bit FMA code is compiled
+// with a function-level target attribute ("avx,fma": it uses float vectors only, no AVX2 integer
+// instructions, so it also runs on CPUs and virtual machines that expose AVX and FMA without AVX2)
+// and chosen at run time, so the library still runs on any x86-64 (and on other ISAs, where
+// fused_rows_available() is false).
 #include "backend/cpu/common/fused_rows.h"
 #include "backend/cpu/common/gemm_support.h"  // prefetch_row
 
@@ -13,7 +15,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LATTICE_FUSED_X86 1
 #include <immintrin.h>
-#define LATTICE_AVX2_FMA __attribute__((target("avx2,fma")))
+#define LATTICE_AVX_FMA __attribute__((target("avx,fma")))
 #else
 #define LATTICE_FUSED_X86 0
 #endif
@@ -23,9 +25,9 @@ namespace {
 
 std::atomic<bool> g_enabled{true};
 
-bool cpu_has_avx2_fma() {
+bool cpu_has_avx_fma() {
 #if LATTICE_FUSED_X86
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("fma");
   return has;
 #else
   return false;
@@ -38,7 +40,7 @@ bool cpu_has_avx2_fma() {
 constexpr std::int64_t kRowsPerTile = 6;
 
 // d[j] += (lo, hi)[j] for j < ncols (<= 16).
-LATTICE_AVX2_FMA inline void add_row(float* d, __m256 lo, __m256 hi, std::int64_t ncols) {
+LATTICE_AVX_FMA inline void add_row(float* d, __m256 lo, __m256 hi, std::int64_t ncols) {
   if (ncols == kPanelCols) {
     _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), lo));
     _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), hi));
@@ -55,7 +57,7 @@ LATTICE_AVX2_FMA inline void add_row(float* d, __m256 lo, __m256 hi, std::int64_
 // one add into c. Accumulators are named variables, not an array: GCC kept an array of __m256 in
 // memory and stored all twelve of them on every step (the first version ran at half speed).
 template <int R>
-LATTICE_AVX2_FMA inline void tile(const float* const* a, std::int64_t c_src, const float* bp,
+LATTICE_AVX_FMA inline void tile(const float* const* a, std::int64_t c_src, const float* bp,
                                   float* const* c, std::int64_t col0, std::int64_t ncols) {
   static_assert(R >= 1 && R <= 6);
   __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0,
@@ -106,7 +108,7 @@ LATTICE_AVX2_FMA inline void tile(const float* const* a, std::int64_t c_src, con
   if constexpr (R > 5) add_row(c[5] + col0, l5, h5, ncols);
 }
 
-LATTICE_AVX2_FMA void fused_rows_avx2(const float* src, std::int64_t c_src, const std::int32_t* src_rows,
+LATTICE_AVX_FMA void fused_rows_fma(const float* src, std::int64_t c_src, const std::int32_t* src_rows,
                                       const std::int32_t* dst_rows, std::int64_t r0, std::int64_t r1,
                                       const float* packed_w, std::int64_t c_dst, float* acc) {
   const std::int64_t panels = (c_dst + kPanelCols - 1) / kPanelCols;
@@ -141,19 +143,29 @@ LATTICE_AVX2_FMA void fused_rows_avx2(const float* src, std::int64_t c_src, cons
   }
 }
 
+// The lanes j < n (n <= 16, negative counts as 0) of an 8-lane mask: eight int32 loaded from a
+// table of 16 set words followed by 16 clear ones (a plain AVX load: AVX2's integer compare that
+// built it before is absent on AVX-only CPUs).
+LATTICE_AVX_FMA inline __m256i tail_mask(std::int64_t n) {
+  alignas(32) static constexpr std::int32_t kTable[32] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                          -1, -1, -1, -1, -1, 0,  0,  0,  0,  0,  0,
+                                                          0,  0,  0,  0,  0,  0,  0,  0,  0,  0};
+  const std::int64_t k = std::clamp<std::int64_t>(n, 0, 16);
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 16 - k));
+}
+
 // dw[r * ld + j] += sum_e xp[e][cx0 + r] * dp[e][co0 + j] for r < R, j < ncols: R rows of a
 // weight gradient by 16 columns, summed over the block's edges in order (one FMA chain per
 // element), then one add into dw. kTail: ncols < 16, dy read with masked loads (the row ends).
 template <int R, bool kTail>
-LATTICE_AVX2_FMA inline void wg_tile(const float* const* xp, const float* const* dp, std::int64_t m,
+LATTICE_AVX_FMA inline void wg_tile(const float* const* xp, const float* const* dp, std::int64_t m,
                                      std::int64_t cx0, std::int64_t co0, float* dw, std::int64_t ld,
                                      std::int64_t ncols) {
   static_assert(R >= 1 && R <= 6);
   __m256i mask_lo = _mm256_setzero_si256(), mask_hi = mask_lo;
-  if constexpr (kTail) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    mask_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols)), lane);
-    mask_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols) - 8), lane);
+  if constexpr (kTail) {  // lane j of mask_lo set iff j < ncols, of mask_hi iff j + 8 < ncols
+    mask_lo = tail_mask(ncols);
+    mask_hi = tail_mask(ncols - 8);
   }
   __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0,
          l4 = l0, h4 = l0, l5 = l0, h5 = l0;
@@ -206,7 +218,7 @@ LATTICE_AVX2_FMA inline void wg_tile(const float* const* xp, const float* const*
 }
 
 template <bool kTail>
-LATTICE_AVX2_FMA inline void wg_tile_rows(int rows, const float* const* xp, const float* const* dp,
+LATTICE_AVX_FMA inline void wg_tile_rows(int rows, const float* const* xp, const float* const* dp,
                                           std::int64_t m, std::int64_t cx0, std::int64_t co0, float* dw,
                                           std::int64_t ld, std::int64_t ncols) {
   switch (rows) {
@@ -219,7 +231,7 @@ LATTICE_AVX2_FMA inline void wg_tile_rows(int rows, const float* const* xp, cons
   }
 }
 
-LATTICE_AVX2_FMA void fused_weight_grad_avx2(const float* x, std::int64_t c_x, const std::int32_t* x_rows,
+LATTICE_AVX_FMA void fused_weight_grad_fma(const float* x, std::int64_t c_x, const std::int32_t* x_rows,
                                              const float* dy, std::int64_t c_dy, const std::int32_t* dy_rows,
                                              std::int64_t n, std::int64_t c0, std::int64_t c1, float* dw) {
   const std::int64_t cw = c1 - c0;
@@ -279,16 +291,16 @@ std::int64_t fused_weight_grad_edge_block(std::int64_t c_x, std::int64_t c_dy) {
 void fused_weight_grad_f32(const float* x, std::int64_t c_x, const std::int32_t* x_rows, const float* dy,
                            std::int64_t c_dy, const std::int32_t* dy_rows, std::int64_t n, std::int64_t c0,
                            std::int64_t c1, float* dw_rows) {
-  LATTICE_ASSERT(cpu_has_avx2_fma(), "fused_weight_grad_f32: called on a CPU without AVX2 + FMA");
+  LATTICE_ASSERT(cpu_has_avx_fma(), "fused_weight_grad_f32: called on a CPU without AVX + FMA");
   LATTICE_ASSERT(x_rows != nullptr && dy_rows != nullptr, "fused_weight_grad_f32: row lists are null");
 #if LATTICE_FUSED_X86
-  if (c1 > c0 && c_dy > 0) fused_weight_grad_avx2(x, c_x, x_rows, dy, c_dy, dy_rows, n, c0, c1, dw_rows);
+  if (c1 > c0 && c_dy > 0) fused_weight_grad_fma(x, c_x, x_rows, dy, c_dy, dy_rows, n, c0, c1, dw_rows);
 #else
   (void)x, (void)c_x, (void)dy, (void)c_dy, (void)n, (void)c0, (void)c1, (void)dw_rows;
 #endif
 }
 
-bool fused_rows_available() { return g_enabled.load(std::memory_order_relaxed) && cpu_has_avx2_fma(); }
+bool fused_rows_available() { return g_enabled.load(std::memory_order_relaxed) && cpu_has_avx_fma(); }
 
 void set_fused_rows_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_relaxed); }
 
@@ -313,9 +325,9 @@ void pack_panels(const float* w, std::int64_t rsw, std::int64_t csw, std::int64_
 void fused_rows_f32(const float* src, std::int64_t c_src, const std::int32_t* src_rows,
                     const std::int32_t* dst_rows, std::int64_t r0, std::int64_t r1,
                     const float* packed_w, std::int64_t c_dst, float* acc) {
-  LATTICE_ASSERT(cpu_has_avx2_fma(), "fused_rows_f32: called on a CPU without AVX2 + FMA");
+  LATTICE_ASSERT(cpu_has_avx_fma(), "fused_rows_f32: called on a CPU without AVX + FMA");
 #if LATTICE_FUSED_X86
-  if (r1 > r0 && c_dst > 0) fused_rows_avx2(src, c_src, src_rows, dst_rows, r0, r1, packed_w, c_dst, acc);
+  if (r1 > r0 && c_dst > 0) fused_rows_fma(src, c_src, src_rows, dst_rows, r0, r1, packed_w, c_dst, acc);
 #else
   (void)src, (void)c_src, (void)src_rows, (void)dst_rows, (void)r0, (void)r1, (void)packed_w, (void)c_dst, (void)acc;
 #endif

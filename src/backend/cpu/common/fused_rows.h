@@ -1,4 +1,5 @@
-// Fused gather-GEMM-scatter for f32 on x86-64 with AVX2 + FMA (issue 17, the GEMM passes).
+// Fused gather-GEMM-scatter for f32 on x86-64 with AVX + FMA (issue 17, the GEMM passes; 256-bit
+// float vectors only, so AVX2 is not needed).
 // Private to src/backend/cpu/.
 //
 // What it replaces: gemm_support.h's gemm_rows copies a block of gathered source rows into a
@@ -26,7 +27,8 @@ namespace lattice::backend::cpu::detail {
 // Columns per packed panel (two 8-float AVX vectors).
 inline constexpr std::int64_t kPanelCols = 16;
 
-// True when this CPU has AVX2 and FMA and the fused kernels are enabled (the default).
+// True when this CPU has AVX and FMA (with the OS saving the 256-bit registers) and the fused
+// kernels are enabled (the default).
 bool fused_rows_available();
 // Whether the f32 fused kernels run a pass whose storage type is T: float on a CPU where they are
 // available; every other type takes the BLIS path.

@@ -6,7 +6,7 @@
 // in ascending order and, for the chunk's slice of each offset, gathers row blocks of kRowBlock,
 // runs one single-threaded BLIS GEMM with W[k] and adds the product rows into the accumulator
 // rows it owns; a block whose source and destination rows are both consecutive (a submanifold
-// kernel's centre offset) is multiplied in place instead (f32/f64). f32 on a CPU with AVX2 + FMA
+// kernel's centre offset) is multiplied in place instead (f32/f64). f32 on a CPU with AVX + FMA
 // takes the fused kernel of common/fused_rows.h instead of gather + BLIS + scatter: W[k] packed
 // once per call into 16-column panels shared by all chunks, each chunk's slice of an offset read
 // and added in place by 6 x 16 register tiles (no copies, no per-call BLIS set-up; issue 17,
@@ -14,7 +14,7 @@
 // input-side views (in_ptr, kt_in, kt_out) and runs on W[k]^T transposed once per call. Weight
 // gradient: one work item per (offset, C_in column block), largest first on a dynamic schedule,
 // each summed by one thread over its edges in blocks of weight_grad_edge_block(C_in, C_out)
-// (f32 on AVX2 + FMA: fused_weight_grad_f32, register tiles over L1-sized edge blocks read in
+// (f32 on AVX + FMA: fused_weight_grad_f32, register tiles over L1-sized edge blocks read in
 // place, no gathered copies).
 //
 // Shapes (named axes; K = kernel volume, E_k = edges of offset k):
@@ -226,7 +226,7 @@ void weight_grad(const ConvArgs& a) {
       return rel.k_ptr[kl + 1] - rel.k_ptr[kl] > rel.k_ptr[kr + 1] - rel.k_ptr[kr];
     });
   }
-  const bool fused = detail::uses_fused_rows<T>();  // f32 on AVX2 + FMA: rows read in place (fused_rows.h)
+  const bool fused = detail::uses_fused_rows<T>();  // f32 on AVX + FMA: rows read in place (fused_rows.h)
 #pragma omp parallel num_threads(threads)
   {
     detail::Scratch<A> scratch;

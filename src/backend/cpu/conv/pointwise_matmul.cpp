@@ -12,7 +12,7 @@
 //   weight_grad dw[0] = x^T @ dy
 // Numerics: GEMMs in Accum<T> (sgemm for f16/bf16/f32, dgemm for f64); f16/bf16 operands are
 // widened to f32 per block and each output element is rounded to T once, at the end.
-// f32 on a CPU with AVX2 + FMA takes the fused register-tile kernels of common/fused_rows.h
+// f32 on a CPU with AVX + FMA takes the fused register-tile kernels of common/fused_rows.h
 // instead of BLIS (issue 17): W (W^T for the input gradient) packed once per call into
 // 16-column panels, rows read and written in place, each block of rows initialising its own
 // output rows in the region that sums into them; the weight gradient's column-block items run
