@@ -3,6 +3,7 @@
 #include "lattice/core/error.h"
 #include "lattice/ops/conv.h"
 #include "lattice/ops/diagnostics.h"
+#include "lattice/route/tuning.h"
 
 namespace lattice::python {
 
@@ -44,6 +45,9 @@ void bind_conv(py::module_& m) {
         return py::str(std::string(to_string(*e.forced)));
       })
       .def_readonly("forced_reason", &Explanation::forced_reason)
+      // the measured choice behind this decision (lattice.tune), "" when none covers it
+      .def_readonly("tuned", &Explanation::tuned)
+      .def_readonly("tuned_chosen", &Explanation::tuned_chosen)
       .def_property_readonly("rows", [](const Explanation& e) {
         py::list rows;
         for (const auto& r : e.rows) {
@@ -203,6 +207,50 @@ void bind_conv(py::module_& m) {
       },
       py::arg("problem"), py::arg("caps") = py::dict(), py::arg("route") = py::none());
   m.def("tier_for_sm", [](int sm) { return std::string(to_string(tier_for_sm(sm))); });
+
+  // Measured route choices (lattice/route/tuning.h; lattice/tuning.py saves and loads them).
+  m.def("set_conv_tuning", &ops::set_conv_tuning, py::arg("enabled"), py::arg("reps") = 5);
+  m.def("conv_tuning_enabled", &ops::conv_tuning_enabled);
+  m.def("tuning_build_id", &tuning_build_id);
+  m.def("clear_tuned", &clear_tuned);
+  m.def("tuned_entries", [] {
+    py::list out;
+    for (const auto& [key, choice] : tuned_entries()) {
+      py::list times;
+      for (const TunedTime& t : choice.times)
+        times.append(py::make_tuple(std::string(to_string(t.route)), t.ms >= 0 ? py::object(py::float_(t.ms)) : py::object(py::none()),
+                                    t.error));
+      py::dict d;
+      d["key"] = key;
+      d["route"] = std::string(to_string(choice.route));
+      d["times"] = times;
+      out.append(d);
+    }
+    return out;
+  });
+  // Records one choice (loading a saved table): route names of the conv family; `times` as
+  // tuned_entries gives them ((route, ms or None, error) triples).
+  m.def(
+      "set_tuned",
+      [](const std::string& key, const std::string& route, const std::vector<py::tuple>& times) {
+        const auto parse = [](const std::string& name) {
+          const std::optional<RouteId> id = route_from_string("conv", name);
+          if (!id) throw ValueError("[load_tuning] route: expected " + route_name_list("conv") + ", got '" + name + "'");
+          return *id;
+        };
+        if (key.empty()) throw ValueError("[load_tuning] key: expected a tuning bucket key, got ''");
+        TunedChoice c{parse(route), {}};
+        for (const py::tuple& t : times) {
+          if (t.size() != 3)
+            throw ValueError("[load_tuning] times: expected (route, ms or None, error) triples, got a tuple of " +
+                             std::to_string(t.size()));
+          TunedTime m{parse(t[0].cast<std::string>()), t[1].is_none() ? -1.0 : t[1].cast<double>(),
+                      t[2].cast<std::string>()};
+          c.times.push_back(std::move(m));
+        }
+        set_tuned(key, std::move(c));
+      },
+      py::arg("key"), py::arg("route"), py::arg("times"));
 }
 
 }  // namespace lattice::python

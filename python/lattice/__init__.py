@@ -34,5 +34,7 @@ del _sys
 __all__ += ["export", "load_exported", "ExportError"]
 from . import cuda  # lattice's CUDA allocator: memory_stats / host_syncs / empty_cache (issue 12)
 __all__ += ["cuda"]
+from .tuning import clear_tuning, load_tuning, save_tuning, tune, tuning_entries  # measured route choices (issue 19)
+__all__ += ["tune", "load_tuning", "save_tuning", "clear_tuning", "tuning_entries"]
 from . import _compile  # torch.compile (torch >= 2): lattice's core calls stay out of dynamo's graphs (last:
 _compile.install()      # it wraps the ops every lattice module imported)

@@ -2,11 +2,17 @@
 // fills a ConvProblem, asks the route layer, and calls the chosen kernel from the kernel table.
 #include "lattice/ops/conv.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "backend/kernel_table.h"
 #include "lattice/core/error.h"
+#include "lattice/route/tuning.h"
 #include "ops/common.h"
 
 namespace lattice::ops {
@@ -113,7 +119,62 @@ backend::RelationView view_for(const ConvPlan& plan, RouteId route, ConvPass pas
   return relation_view(*plan.relation, conv_relation_reads(route, pass));
 }
 
-// Column sums of grad_out (n_out, C_out) -> (C_out), accumulated in f32 (f64 for f64).
+std::atomic<bool> g_tuning{false};
+std::atomic<int> g_tuning_reps{5};
+
+// Waits for the device work that wrote `a` (a one-element read-back; nothing to wait for on the CPU).
+void wait_for(const Array& a) {
+  if (a.device().is_cpu() || a.numel() == 0) return;
+  (void)a.strided_view({1}, {1}).to(Device::cpu());
+}
+
+// The tuning step of one pass (set_conv_tuning): `run(id, kernels)` runs route `id`'s kernel of
+// this pass into `out`. Records the fastest admitted candidate of the problem's bucket unless the
+// bucket has a choice already, the policy forces a route, or tuning is off.
+template <class Run>
+void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& out, Run&& run) {
+  if (!g_tuning.load(std::memory_order_relaxed)) return;
+  const RoutePolicy policy = effective_policy(plan.options.policy, "conv");
+  if (policy.force || !policy.use_tuned) return;
+  const DeviceCaps& caps = backend::device_caps();
+  const std::string key = conv_tuning_key(problem, caps);
+  if (find_tuned(key)) return;
+  const int reps = std::max(1, g_tuning_reps.load(std::memory_order_relaxed));
+  RoutePolicy by_rank;
+  by_rank.use_tuned = false;
+  const Explanation e = explain(problem, caps, by_rank);
+  TunedChoice choice{};
+  bool any = false;
+  double best = 0.0;
+  for (const RouteRow& row : e.rows) {  // rank order: a tie keeps the earlier row
+    if (!row.verdict.admitted || row.id == RouteId::conv_reference) continue;
+    const backend::ConvKernels* k = backend::find_conv_kernels(row.id);
+    if (k == nullptr) continue;
+    TunedTime t{row.id, -1.0, {}};
+    try {
+      run(row.id, *k);  // warm-up: also builds the views this route reads
+      wait_for(out);
+      std::vector<double> ms;
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run(row.id, *k);
+        wait_for(out);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      t.ms = ms[ms.size() / 2];
+    } catch (const std::exception& ex) {
+      t.error = ex.what();
+    }
+    if (t.ms >= 0 && (!any || t.ms < best)) {
+      choice.route = row.id;
+      best = t.ms;
+      any = true;
+    }
+    choice.times.push_back(std::move(t));
+  }
+  if (any) set_tuned(key, std::move(choice));
+}
 }  // namespace
 
 ConvPlan plan_conv(std::string_view op, RelationKind kind, const SparseTensor& x,
@@ -158,12 +219,9 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
     b = bias->contiguous();
   }
   const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::forward);
-  const Chosen chosen = choose(plan, problem);
-  const backend::ConvKernels& k = chosen.kernels;
   Array y = Array::empty({plan.relation->n_out, w.c_out}, x.dtype(), x.device());
   backend::ConvArgs args;
   args.dtype = x.dtype();
-  args.rel = view_for(plan, chosen.id, ConvPass::forward);
   args.c_in = x.dim(1);
   args.c_out = w.c_out;
   args.x = x.raw_data();
@@ -172,7 +230,13 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
   args.y = y.raw_data();
   args.device = x.device();
   args.allow_tf32 = plan.options.allow_tf32;
-  k.forward(args);
+  tune_pass(plan, problem, y, [&](RouteId id, const backend::ConvKernels& k) {
+    args.rel = view_for(plan, id, ConvPass::forward);
+    k.forward(args);
+  });
+  const Chosen chosen = choose(plan, problem);
+  args.rel = view_for(plan, chosen.id, ConvPass::forward);
+  chosen.kernels.forward(args);
   return y;
 }
 
@@ -203,16 +267,26 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   args.allow_tf32 = plan.options.allow_tf32;
   ConvGrads grads;
   if (request.input) {
-    const Chosen chosen = choose(plan, make_problem(plan, x, w.c_out, ConvPass::input_grad));
+    const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::input_grad);
     grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
     args.dx = grads.input.raw_data();
+    tune_pass(plan, problem, grads.input, [&](RouteId id, const backend::ConvKernels& k) {
+      args.rel = view_for(plan, id, ConvPass::input_grad);
+      k.input_grad(args);
+    });
+    const Chosen chosen = choose(plan, problem);
     args.rel = view_for(plan, chosen.id, ConvPass::input_grad);
     chosen.kernels.input_grad(args);
   }
   if (request.weight) {
-    const Chosen chosen = choose(plan, make_problem(plan, x, w.c_out, ConvPass::weight_grad));
+    const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::weight_grad);
     Array dw = Array::empty({plan.relation->kernel_volume, x.dim(1), w.c_out}, x.dtype(), x.device());
     args.dw = dw.raw_data();
+    tune_pass(plan, problem, dw, [&](RouteId id, const backend::ConvKernels& k) {
+      args.rel = view_for(plan, id, ConvPass::weight_grad);
+      k.weight_grad(args);
+    });
+    const Chosen chosen = choose(plan, problem);
     args.rel = view_for(plan, chosen.id, ConvPass::weight_grad);
     chosen.kernels.weight_grad(args);
     const WeightGradForm form = request.weight_as.value_or(WeightGradForm{w.layout, weight.dtype()});
@@ -244,6 +318,14 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
   }
   return grads;
 }
+
+void set_conv_tuning(bool enabled, int reps) {
+  if (reps < 1) throw_value_error("set_conv_tuning", "reps", "a positive repeat count", std::to_string(reps));
+  g_tuning_reps.store(reps, std::memory_order_relaxed);
+  g_tuning.store(enabled, std::memory_order_relaxed);
+}
+
+bool conv_tuning_enabled() { return g_tuning.load(std::memory_order_relaxed); }
 
 Array conv_compute_weight(const ConvPlan& plan, const Array& feats, const Array& weight) {
   return check_weight(plan, feats, weight, /*any_dtype=*/true).kernel_major;

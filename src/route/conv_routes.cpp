@@ -1,6 +1,9 @@
 // The convolution route table. Each row's admit() matches the Constraints comment of its
 // kernel file under src/backend/<device>/conv/.
+#include "lattice/route/tuning.h"
 #include "route/route_table.h"
+
+#include <cstdio>
 
 namespace lattice {
 
@@ -161,11 +164,55 @@ unsigned relation_reads(RouteId route, ConvPass pass) {
 
 void route_detail::conv_route_infos(std::vector<RouteInfo>& out) { route_detail::append_infos(out, kConvRoutes); }
 
+namespace {
+
+// The measurement behind a recorded choice, for explain(): "'a' 0.120 ms, 'b' 0.340 ms, 'c' failed (...)".
+std::string describe_times(const TunedChoice& t) {
+  std::string s;
+  for (const TunedTime& m : t.times) {
+    if (!s.empty()) s += ", ";
+    s += "'" + std::string(to_string(m.route)) + "' ";
+    if (m.ms >= 0) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.3f ms", m.ms);
+      s += ms;
+    } else {
+      s += "failed (" + m.error + ")";
+    }
+  }
+  return s;
+}
+
+bool uses_tuned(const RoutePolicy& policy) { return !policy.force && policy.use_tuned && tuned_count() > 0; }
+
+}  // namespace
+
 Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
-  return route_detail::run_table(kConvRoutes, problem, caps, policy);
+  Explanation e = route_detail::run_table(kConvRoutes, problem, caps, policy);
+  if (!uses_tuned(policy)) return e;
+  const std::string key = conv_tuning_key(problem, caps);
+  const std::optional<TunedChoice> t = find_tuned(key);
+  if (!t) return e;
+  const RouteRow* row = e.row(t->route);
+  e.tuned = "measured for bucket [" + key + "]: " + describe_times(*t) + "; fastest '" +
+            std::string(to_string(t->route)) + "'";
+  if (row && row->verdict.admitted) {
+    e.chosen = t->route;
+    e.tuned_chosen = true;
+  } else {
+    e.tuned += ", not admitted for this call (" + (row ? row->verdict.reason : std::string("not a conv route")) +
+               "): the rank order decides";
+  }
+  return e;
 }
 
 std::optional<RouteId> select(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy) {
+  if (uses_tuned(policy)) {
+    if (const std::optional<TunedChoice> t = find_tuned(conv_tuning_key(problem, caps))) {
+      for (const auto& spec : kConvRoutes)
+        if (spec.info.id == t->route && spec.admit(problem, caps).admitted) return spec.info.id;
+    }
+  }
   return route_detail::decide_table(kConvRoutes, problem, caps, policy);
 }
 

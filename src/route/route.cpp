@@ -111,6 +111,7 @@ std::string Explanation::to_string() const {
     s += "  policy: forced route '" + std::string(lattice::to_string(*forced)) + "'";
     s += chosen ? " (admitted)\n" : " (rejected: " + forced_reason + ")\n";
   }
+  if (!tuned.empty()) s += "  tuned: " + tuned + "\n";
   char line[96];
   std::snprintf(line, sizeof line, "     %-22s %4s  %s\n", "route", "rank", "verdict");
   s += line;
@@ -122,7 +123,7 @@ std::string Explanation::to_string() const {
     if (is_chosen) {
       s += "chosen";
     } else if (r.verdict.admitted) {
-      s += forced ? "admitted, not forced" : "admitted, lower preference";
+      s += forced ? "admitted, not forced" : tuned_chosen ? "admitted, not the measured choice" : "admitted, lower preference";
     } else {
       s += "rejected: " + r.verdict.reason;
     }

@@ -14,6 +14,7 @@
 #include "lattice/route/caps.h"
 #include "lattice/route/problem.h"
 #include "lattice/route/route.h"
+#include "lattice/route/tuning.h"
 
 namespace lattice {
 namespace {
@@ -280,6 +281,108 @@ TEST(RouteConv, SelectEqualsExplainChosenOnAGridOfProblems) {
                     ASSERT_EQ(r.verdict.admitted, r.verdict.reason.empty()) << e.to_string();
                 }
   EXPECT_EQ(cases, 5 * 2 * 5 * 4 * 2 * 3 * 4 * 5);
+}
+
+// ---- measured choices (lattice/route/tuning.h) ---------------------------------------------------
+
+struct ClearTuned {
+  ClearTuned() { clear_tuned(); }
+  ~ClearTuned() { clear_tuned(); }
+};
+
+TEST(RouteTuned, ARecordedAdmittedRouteDecidesItsBucketOnly) {
+  const ClearTuned clean;
+  const DeviceCaps caps = cpu_caps();
+  const ConvProblem p = pointwise();
+  ASSERT_EQ(select(p, caps), RouteId::conv_pointwise_matmul);
+  set_tuned(conv_tuning_key(p, caps),
+            TunedChoice{RouteId::conv_gather_gemm_scatter,
+                        {{RouteId::conv_pointwise_matmul, 2.0, ""}, {RouteId::conv_gather_gemm_scatter, 1.0, ""}}});
+  EXPECT_EQ(tuned_count(), 1U);
+  const Explanation e = explain(p, caps);
+  EXPECT_EQ(select(p, caps), e.chosen);
+  EXPECT_EQ(e.chosen, RouteId::conv_gather_gemm_scatter);
+  EXPECT_TRUE(e.tuned_chosen);
+  const std::string text = e.to_string();
+  EXPECT_TRUE(contains(text, "tuned: measured for bucket [conv forward, submanifold, float32, cpu avx2 2 threads"))
+      << text;
+  EXPECT_TRUE(contains(text, "'pointwise_matmul' 2.000 ms, 'gather_gemm_scatter' 1.000 ms; fastest 'gather_gemm_scatter'"))
+      << text;
+  EXPECT_TRUE(contains(text, "admitted, not the measured choice")) << text;
+  // the same bucket: row counts round up to powers of two (1000 and 1020 -> 1024)
+  ConvProblem near = p;
+  near.n_in = near.n_out = 1020;
+  EXPECT_EQ(conv_tuning_key(near, caps), conv_tuning_key(p, caps));
+  EXPECT_EQ(select(near, caps), RouteId::conv_gather_gemm_scatter);
+  // other buckets: another pass, channel count, row-count bucket or thread count
+  ConvProblem other = p;
+  other.pass = ConvPass::input_grad;
+  EXPECT_EQ(select(other, caps), RouteId::conv_pointwise_matmul);
+  other = p;
+  other.c_out = 65;
+  EXPECT_EQ(select(other, caps), RouteId::conv_pointwise_matmul);
+  other = p;
+  other.n_in = other.n_out = 1025;
+  EXPECT_EQ(select(other, caps), RouteId::conv_pointwise_matmul);
+  DeviceCaps more_threads = caps;
+  more_threads.cpu.threads = 4;
+  EXPECT_EQ(select(p, more_threads), RouteId::conv_pointwise_matmul);
+  EXPECT_TRUE(explain(other, caps).tuned.empty());
+  // a forced route wins; use_tuned=false decides by rank
+  const RoutePolicy forced{.force = RouteId::conv_reference};
+  EXPECT_EQ(select(p, caps, forced), RouteId::conv_reference);
+  EXPECT_TRUE(explain(p, caps, forced).tuned.empty());
+  RoutePolicy by_rank;
+  by_rank.use_tuned = false;
+  EXPECT_EQ(select(p, caps, by_rank), RouteId::conv_pointwise_matmul);
+  EXPECT_EQ(explain(p, caps, by_rank).chosen, RouteId::conv_pointwise_matmul);
+  clear_tuned();
+  EXPECT_EQ(tuned_count(), 0U);
+  EXPECT_EQ(select(p, caps), RouteId::conv_pointwise_matmul);
+}
+
+TEST(RouteTuned, ARecordedRouteThatIsNotAdmittedFallsBackToTheRankOrderAndSaysWhy) {
+  const ClearTuned clean;
+  const DeviceCaps caps = cpu_caps();
+  ConvProblem p = subm3();
+  p.dtype = Dtype::f16;
+  set_tuned(conv_tuning_key(p, caps), TunedChoice{RouteId::conv_implicit_gemm_sm80, {{RouteId::conv_implicit_gemm_sm80, 0.1, ""}}});
+  const Explanation e = explain(p, caps);
+  EXPECT_EQ(select(p, caps), e.chosen);
+  EXPECT_EQ(e.chosen, RouteId::conv_gather_gemm_scatter);
+  EXPECT_FALSE(e.tuned_chosen);
+  EXPECT_TRUE(contains(e.to_string(), "not admitted for this call (runs on cuda; the data is on cpu): the rank order decides"))
+      << e.to_string();
+  EXPECT_TRUE(contains(e.to_string(), "admitted, lower preference")) << e.to_string();
+}
+
+TEST(RouteTuned, FailedCandidatesAreShownAndKeysNameTheGpu) {
+  const ClearTuned clean;
+  const DeviceCaps caps = gpu_caps(90);
+  ConvProblem p = subm3();
+  p.device = Device::cuda(0);
+  p.dtype = Dtype::f16;
+  const std::string key = conv_tuning_key(p, caps);
+  EXPECT_TRUE(contains(key, "cuda sm_90 'Simulated GPU sm_90'")) << key;
+  set_tuned(key, TunedChoice{RouteId::conv_cuda_gather_gemm_scatter,
+                             {{RouteId::conv_implicit_gemm_sm80, -1.0, "illegal memory access"},
+                              {RouteId::conv_cuda_gather_gemm_scatter, 0.25, ""}}});
+  const Explanation e = explain(p, caps);
+  EXPECT_EQ(select(p, caps), e.chosen);
+  EXPECT_EQ(e.chosen, RouteId::conv_cuda_gather_gemm_scatter);
+  EXPECT_TRUE(contains(e.to_string(), "'implicit_gemm_sm80' failed (illegal memory access), 'cuda_gather_gemm_scatter' 0.250 ms"))
+      << e.to_string();
+  // another GPU model is another bucket
+  DeviceCaps other = caps;
+  other.cuda.name = "Other GPU";
+  EXPECT_EQ(select(p, other), RouteId::conv_implicit_gemm_sm80);
+}
+
+TEST(RouteTuned, BuildIdIsStableHex) {
+  const std::string id = tuning_build_id();
+  EXPECT_EQ(id.size(), 16U);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  EXPECT_EQ(tuning_build_id(), id);
 }
 
 // ---- the rendered explanation -------------------------------------------------------------------

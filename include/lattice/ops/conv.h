@@ -88,6 +88,18 @@ struct ConvGrads {
 ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& weight,
                         const Array& grad_out, ConvGradRequest request = {});
 
+// Tuning runs (lattice/route/tuning.h; lattice.tune in Python). While enabled, the first conv
+// pass (forward, input gradient, weight gradient) of every tuning bucket without a recorded choice
+// times each admitted route except the reference route on the call's own data: one warm-up run,
+// then `reps` timed runs (wall clock; on a device each run waits for its output, so the time
+// includes the launches), the median kept. A candidate that throws is recorded as failed and never
+// chosen; the tuning carries on with the others. The fastest is recorded (a tie keeps the better
+// rank) and the call then runs it, as every later call of that bucket does. A forced route
+// (policy or LATTICE_FORCE_ROUTE) disables tuning for its calls. Timing reads back from the device,
+// so do not tune inside CUDA graph capture. Process-wide; off by default.
+void set_conv_tuning(bool enabled, int reps = 5);
+bool conv_tuning_enabled();
+
 // The route decision for one pass of a planned convolution.
 Explanation explain_conv(const ConvPlan& plan, const Array& feats, const Array& weight,
                          ConvPass pass = ConvPass::forward);

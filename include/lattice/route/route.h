@@ -119,6 +119,11 @@ struct Explanation {
   // The route decisions this one depends on, made before it (the relation route that builds, or
   // built, the relation a convolution reads); rendered before this table.
   std::vector<Explanation> prior;
+  // A measured choice (lattice/route/tuning.h) that decided this call, or that exists but could
+  // not (its route is not admitted now): the bucket, each candidate's time and the outcome.
+  // Empty when no tuning run covered this problem.
+  std::string tuned;
+  bool tuned_chosen = false;  // the chosen route is the measured one (not the rank order's)
 
   // Rendered table: the chosen route and every rejected route with its reason.
   std::string to_string() const;
@@ -127,6 +132,10 @@ struct Explanation {
 
 struct RoutePolicy {
   std::optional<RouteId> force;  // run exactly this route, or fail loudly when it is not admitted
+  // Families with measured choices (conv): a recorded choice for the problem's bucket decides
+  // while it stays admitted (lattice/route/tuning.h); false decides by rank alone. A forced
+  // route always wins.
+  bool use_tuned = true;
 };
 
 Explanation explain(const ConvProblem& problem, const DeviceCaps& caps, const RoutePolicy& policy = {});
