@@ -128,11 +128,29 @@ void wait_for(const Array& a) {
   (void)a.strided_view({1}, {1}).to(Device::cpu());
 }
 
-// The tuning step of one pass (set_conv_tuning): `run(id, kernels)` runs route `id`'s kernel of
-// this pass into `out`. Records the fastest admitted candidate of the problem's bucket unless the
-// bucket has a choice already, the policy forces a route, or tuning is off.
-template <class Run>
-void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& out, Run&& run) {
+// The kernel of one pass in a route's table entry.
+backend::ConvFn pass_kernel(const backend::ConvKernels& k, ConvPass pass) {
+  switch (pass) {
+    case ConvPass::forward: return k.forward;
+    case ConvPass::input_grad: return k.input_grad;
+    case ConvPass::weight_grad: return k.weight_grad;
+  }
+  return nullptr;
+}
+
+// Runs route `id`'s kernel of `problem.pass` with `args` (the relation views it reads filled in).
+void run_route(const ConvPlan& plan, const ConvProblem& problem, RouteId id, const backend::ConvKernels& k,
+               backend::ConvArgs& args) {
+  const backend::ConvFn fn = pass_kernel(k, problem.pass);
+  LATTICE_ASSERT(fn != nullptr, "admitted conv route has no kernel for this pass");
+  args.rel = view_for(plan, id, problem.pass);
+  fn(args);
+}
+
+// The tuning step of one pass (set_conv_tuning): times every admitted candidate writing `out`
+// and records the fastest, unless the problem's bucket has a choice already, the policy forces
+// a route, or tuning is off.
+void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& out, backend::ConvArgs& args) {
   if (!g_tuning.load(std::memory_order_relaxed)) return;
   const RoutePolicy policy = effective_policy(plan.options.policy, "conv");
   if (policy.force || !policy.use_tuned) return;
@@ -152,12 +170,12 @@ void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& ou
     if (k == nullptr) continue;
     TunedTime t{row.id, -1.0, {}};
     try {
-      run(row.id, *k);  // warm-up: also builds the views this route reads
+      run_route(plan, problem, row.id, *k, args);  // warm-up: also builds the views this route reads
       wait_for(out);
       std::vector<double> ms;
       for (int i = 0; i < reps; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        run(row.id, *k);
+        run_route(plan, problem, row.id, *k, args);
         wait_for(out);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -174,6 +192,14 @@ void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& ou
     choice.times.push_back(std::move(t));
   }
   if (any) set_tuned(key, std::move(choice));
+}
+
+// One pass of the call into `out` (args filled but for the relation views): tuned first when
+// tuning is on, then the chosen route.
+void run_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& out, backend::ConvArgs& args) {
+  tune_pass(plan, problem, out, args);
+  const Chosen chosen = choose(plan, problem);
+  run_route(plan, problem, chosen.id, chosen.kernels, args);
 }
 }  // namespace
 
@@ -230,13 +256,7 @@ Array conv_forward(const ConvPlan& plan, const Array& feats, const Array& weight
   args.y = y.raw_data();
   args.device = x.device();
   args.allow_tf32 = plan.options.allow_tf32;
-  tune_pass(plan, problem, y, [&](RouteId id, const backend::ConvKernels& k) {
-    args.rel = view_for(plan, id, ConvPass::forward);
-    k.forward(args);
-  });
-  const Chosen chosen = choose(plan, problem);
-  args.rel = view_for(plan, chosen.id, ConvPass::forward);
-  chosen.kernels.forward(args);
+  run_pass(plan, problem, y, args);
   return y;
 }
 
@@ -270,25 +290,13 @@ ConvGrads conv_backward(const ConvPlan& plan, const Array& feats, const Array& w
     const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::input_grad);
     grads.input = Array::empty({plan.relation->n_in, x.dim(1)}, x.dtype(), x.device());
     args.dx = grads.input.raw_data();
-    tune_pass(plan, problem, grads.input, [&](RouteId id, const backend::ConvKernels& k) {
-      args.rel = view_for(plan, id, ConvPass::input_grad);
-      k.input_grad(args);
-    });
-    const Chosen chosen = choose(plan, problem);
-    args.rel = view_for(plan, chosen.id, ConvPass::input_grad);
-    chosen.kernels.input_grad(args);
+    run_pass(plan, problem, grads.input, args);
   }
   if (request.weight) {
     const ConvProblem problem = make_problem(plan, x, w.c_out, ConvPass::weight_grad);
     Array dw = Array::empty({plan.relation->kernel_volume, x.dim(1), w.c_out}, x.dtype(), x.device());
     args.dw = dw.raw_data();
-    tune_pass(plan, problem, dw, [&](RouteId id, const backend::ConvKernels& k) {
-      args.rel = view_for(plan, id, ConvPass::weight_grad);
-      k.weight_grad(args);
-    });
-    const Chosen chosen = choose(plan, problem);
-    args.rel = view_for(plan, chosen.id, ConvPass::weight_grad);
-    chosen.kernels.weight_grad(args);
+    run_pass(plan, problem, dw, args);
     const WeightGradForm form = request.weight_as.value_or(WeightGradForm{w.layout, weight.dtype()});
     if (!is_floating(form.dtype) ||
         (form.dtype != x.dtype() && form.dtype == Dtype::f64 && size_of(x.dtype()) == 2))

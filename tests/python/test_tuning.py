@@ -223,3 +223,98 @@ def test_tune_checks_its_arguments():
     with pytest.raises(ValueError, match=r"\[set_conv_tuning\] reps: expected a positive repeat count, got 0"):
         core.set_conv_tuning(True, 0)
     assert not core.conv_tuning_enabled()
+
+
+def test_tune_minkunet42_with_backward_then_the_step_runs_the_recorded_routes():
+    """TorchSparse's tune() crashed on MinkUNet42 with its backward option (issue 19): ours tunes
+    every pass of every layer, and a training step afterwards gives the bits of an untuned step
+    whose conv calls are forced to the recorded routes (on this CPU they are the rank order's
+    unless a pointwise layer measured gather_gemm_scatter faster)."""
+    from lattice.models import MinkUNet42
+
+    torch.manual_seed(0)
+    net = MinkUNet42(in_channels=4, num_classes=5, cr=0.25).train()
+    x = _input(8, n=600, c=4)
+    report = lattice.tune(net, x, backward=True, reps=1, save=False)
+    assert len(report) > 20
+    for e in report:
+        assert e["route"] in ("gather_gemm_scatter", "pointwise_matmul")
+        assert all(ms is not None for _, ms, _ in e["times"]), e
+
+    def step():
+        net.zero_grad()
+        out = net(x)
+        out.feats.float().sum().backward()
+        return out.feats.detach().clone(), [p.grad.clone() for p in net.parameters()]
+
+    tuned_out, tuned_grads = step()
+    again_out, again_grads = step()  # a tuned process is as deterministic as an untuned one
+    assert torch.equal(tuned_out, again_out)
+    for a, b in zip(tuned_grads, again_grads):
+        assert torch.equal(a, b)
+    recorded = {e["key"]: e["route"] for e in lattice.tuning_entries()}
+    lattice.clear_tuning()
+    rank_out, rank_grads = step()
+    if all(r == "gather_gemm_scatter" or "K=1 " in k for k, r in recorded.items()) and all(
+            r == "pointwise_matmul" for k, r in recorded.items() if "K=1 " in k and "identity" in k):
+        # every bucket recorded the rank order's route: the very same bits
+        assert torch.equal(tuned_out, rank_out)
+        for a, b in zip(tuned_grads, rank_grads):
+            assert torch.equal(a, b)
+    else:  # some 1x1 layer measured gather_gemm_scatter faster: its sums run in another order
+        torch.testing.assert_close(tuned_out, rank_out, rtol=1e-4, atol=1e-4)
+
+
+# ---- CUDA (the CUDA parity suite; skipped with "no GPU" elsewhere) -----------------------------
+
+import cuda_admission as adm  # noqa: E402
+
+
+@adm.needs_gpu()
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_tune_minkunet42_with_backward_records_device_buckets_and_runs_them(dtype):
+    """On a GPU the candidates are the CUDA routes admitted for the dtype (float32: only
+    cuda_gather_gemm_scatter without allow_tf32); timing waits for the device, so tuning works on
+    torch's stream and leaves nothing queued; a step afterwards is reproducible and each layer's
+    output is the recorded route's (checked on one layer through route=)."""
+    from lattice.models import MinkUNet42
+
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    net = MinkUNet42(in_channels=4, num_classes=5, cr=0.25).to(dev).train()
+    x = _input(9, n=3000, c=4).to(dev)
+    if dtype == torch.float16:
+        net = net.half()
+        x = x.replace_feats(x.feats.half())
+    report = lattice.tune(net, x, backward=True, reps=2, save=False)
+    assert len(report) > 20
+    allowed = {"implicit_gemm_sm80", "cuda_gather_gemm_scatter"}
+    for e in report:
+        assert "cuda sm_" in e["key"], e["key"]
+        names = [t[0] for t in e["times"]]
+        assert set(names) <= allowed and e["route"] in names, e
+        if dtype == torch.float32:
+            assert names == ["cuda_gather_gemm_scatter"], e
+        assert all(ms is not None and ms > 0 for _, ms, _ in e["times"]), e
+
+    def step():
+        net.zero_grad()
+        out = net(x)
+        out.feats.float().sum().backward()
+        torch.cuda.synchronize()
+        return out.feats.detach().clone(), [p.grad.clone() for p in net.parameters()]
+
+    a_out, a_grads = step()
+    b_out, b_grads = step()
+    assert torch.equal(a_out, b_out)
+    for a, b in zip(a_grads, b_grads):
+        assert torch.equal(a, b)
+    # one layer on its own: the tuned call gives the bits of the recorded route forced
+    conv = lnn.SubmConv3d(x.feats.shape[1], 16, 3, bias=False).to(dev).to(dtype)
+    lattice.tune(conv, x, reps=1, save=False)
+    e = lattice.explain("subm_conv3d", x, conv.weight)
+    assert e.tuned and e.tuned_chosen, str(e)
+    with torch.no_grad():
+        tuned = conv(x).feats
+        forced = lattice.ops.subm_conv3d(x, conv.weight, route=e.chosen).feats
+    assert torch.equal(tuned, forced)
