@@ -83,6 +83,8 @@ def test_bench_smoke_network_records_every_conv_layer(smoke):
     assert net["conv_layers"] == 49 == len(net["layers"])
     assert sum(layer["pairs"] for layer in net["layers"]) == net["pairs"]
     assert all(layer["route"] for layer in net["layers"])
+    # nothing was tuned in this process: every layer's route is the rank order's (lattice.tune marks others)
+    assert all(layer["tuned"] is False for layer in net["layers"])
     # Every layer has its own forward time (issue 19: the route and time per layer are visible),
     # and the per-layer table in results.txt shows them.
     assert all(isinstance(layer["fwd_ms"], float) and layer["fwd_ms"] > 0 for layer in net["layers"])

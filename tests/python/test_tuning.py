@@ -265,6 +265,22 @@ def test_tune_minkunet42_with_backward_then_the_step_runs_the_recorded_routes():
         torch.testing.assert_close(tuned_out, rank_out, rtol=1e-4, atol=1e-4)
 
 
+def test_bench_layer_records_mark_the_tuned_layers():
+    from lattice.bench.cases import record_conv_layers
+
+    net = Net().eval()
+    x = _input(10)
+    lattice.tune(net, x, reps=1, save=False)
+    (one_by_one,) = [e for e in lattice.tuning_entries() if "K=1 " in e["key"]]
+    core.set_tuned(one_by_one["key"], "gather_gemm_scatter", [("gather_gemm_scatter", 1.0, "")])
+    layers = {r["layer"]: r for r in record_conv_layers(net, x)}
+    assert (layers["b"]["route"], layers["b"]["tuned"]) == ("gather_gemm_scatter", True)
+    assert (layers["a"]["route"], layers["a"]["tuned"]) == ("gather_gemm_scatter", True)  # its record is the rank's route
+    lattice.clear_tuning()
+    layers = {r["layer"]: r for r in record_conv_layers(net, x)}
+    assert (layers["b"]["route"], layers["b"]["tuned"]) == ("pointwise_matmul", False)
+
+
 # ---- CUDA (the CUDA parity suite; skipped with "no GPU" elsewhere) -----------------------------
 
 import cuda_admission as adm  # noqa: E402

@@ -562,7 +562,9 @@ def record_conv_layers(model: torch.nn.Module, x: SparseTensor) -> list[dict]:
             rec = {"layer": name, "op": op, "c_in": m.in_channels, "c_out": m.out_channels,
                    "kernel_size": list(m.kernel_size), "stride": list(getattr(m, "stride", (1, 1, 1))),
                    **_relation_fields(p)}
-            rec["route"] = lattice.explain(op, inp, m.weight.detach(), **kw).chosen
+            e = lattice.explain(op, inp, m.weight.detach(), **kw)
+            rec["route"] = e.chosen
+            rec["tuned"] = bool(e.tuned_chosen)  # chosen by a lattice.tune measurement, not the rank order
             layers.append(rec)
         return hook
 

@@ -249,7 +249,8 @@ def format_tables(doc: dict, with_layers: bool = False) -> str:
                              "GFLOP/s", "%gemm", "ours/anchor"], rows, left=(0, 1, 11)))
         if with_layers:
             for r in nets:
-                lrows = [[x["layer"], x["op"], str(x["route"]), f"{x['c_in']}->{x['c_out']}",
+                lrows = [[x["layer"], x["op"], str(x["route"]) + (" (tuned)" if x.get("tuned") else ""),
+                          f"{x['c_in']}->{x['c_out']}",
                           "x".join(map(str, x["kernel_size"])) + (f" s{x['stride'][0]}" if x["stride"][0] != 1 else ""),
                           _num(x["n_in"]), _num(x["n_out"]), _num(x["pairs"]), f"{x['avg_offsets']:.2f}",
                           "-" if x.get("fwd_ms") is None else f"{x['fwd_ms']:.3f}"]
