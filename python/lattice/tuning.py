@@ -194,7 +194,9 @@ def load_tuning(path: Union[str, os.PathLike, None] = None) -> int:
     for e in doc["entries"]:
         if not (isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("route"), str)
                 and isinstance(e.get("times"), list)
-                and all(isinstance(t, list) and len(t) == 3 for t in e["times"])):
+                and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], str)
+                        and (t[1] is None or (isinstance(t[1], (int, float)) and not isinstance(t[1], bool)))
+                        and isinstance(t[2], str) for t in e["times"])):
             raise ValueError(f"[load_tuning] entries: expected {{key, route, times}} records, got {str(e)[:120]!r}")
         entries.append(e)
     for e in entries:  # route names are checked by the core (ValueError naming the conv routes)

@@ -147,8 +147,8 @@ void run_route(const ConvPlan& plan, const ConvProblem& problem, RouteId id, con
   fn(args);
 }
 
-// The tuning step of one pass (set_conv_tuning): times every admitted candidate writing `out`
-// and records the fastest, unless the problem's bucket has a choice already, the policy forces
+// The tuning step of one pass (set_conv_tuning): times the route layer's candidates writing `out`
+// and records the route layer's choice among them, unless the problem's bucket has a choice already, the policy forces
 // a route, or tuning is off.
 void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& out, backend::ConvArgs& args) {
   if (!g_tuning.load(std::memory_order_relaxed)) return;
@@ -160,22 +160,18 @@ void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& ou
   const int reps = std::max(1, g_tuning_reps.load(std::memory_order_relaxed));
   RoutePolicy by_rank;
   by_rank.use_tuned = false;
-  const Explanation e = explain(problem, caps, by_rank);
-  TunedChoice choice{};
-  bool any = false;
-  double best = 0.0;
-  for (const RouteRow& row : e.rows) {  // rank order: a tie keeps the earlier row
-    if (!row.verdict.admitted || row.id == RouteId::conv_reference) continue;
-    const backend::ConvKernels* k = backend::find_conv_kernels(row.id);
+  std::vector<TunedTime> times;
+  for (const RouteId id : tuning_candidates(explain(problem, caps, by_rank))) {  // the route layer's list
+    const backend::ConvKernels* k = backend::find_conv_kernels(id);
     if (k == nullptr) continue;
-    TunedTime t{row.id, -1.0, {}};
+    TunedTime t{id, -1.0, {}};
     try {
-      run_route(plan, problem, row.id, *k, args);  // warm-up: also builds the views this route reads
+      run_route(plan, problem, id, *k, args);  // warm-up: also builds the views this route reads
       wait_for(out);
       std::vector<double> ms;
       for (int i = 0; i < reps; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        run_route(plan, problem, row.id, *k, args);
+        run_route(plan, problem, id, *k, args);
         wait_for(out);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -184,14 +180,9 @@ void tune_pass(const ConvPlan& plan, const ConvProblem& problem, const Array& ou
     } catch (const std::exception& ex) {
       t.error = ex.what();
     }
-    if (t.ms >= 0 && (!any || t.ms < best)) {
-      choice.route = row.id;
-      best = t.ms;
-      any = true;
-    }
-    choice.times.push_back(std::move(t));
+    times.push_back(std::move(t));
   }
-  if (any) set_tuned(key, std::move(choice));
+  if (std::optional<TunedChoice> choice = tuned_choice(std::move(times))) set_tuned(key, std::move(*choice));  // the route layer's rule
 }
 
 // One pass of the call into `out` (args filled but for the relation views): tuned first when

@@ -50,6 +50,22 @@ std::string conv_tuning_key(const ConvProblem& p, const DeviceCaps& caps) {
          (p.allow_tf32 ? ", tf32 allowed" : "");
 }
 
+std::vector<RouteId> tuning_candidates(const Explanation& by_rank) {
+  std::vector<RouteId> out;
+  for (const RouteRow& row : by_rank.rows)
+    if (row.verdict.admitted && route_info(row.id).name != "reference") out.push_back(row.id);
+  return out;
+}
+
+std::optional<TunedChoice> tuned_choice(std::vector<TunedTime> times) {
+  const TunedTime* best = nullptr;
+  for (const TunedTime& t : times)
+    if (t.ms >= 0 && (best == nullptr || t.ms < best->ms)) best = &t;
+  if (best == nullptr) return std::nullopt;
+  const RouteId route = best->route;
+  return TunedChoice{route, std::move(times)};
+}
+
 std::string tuning_build_id() {
   static const std::string id = [] {
     std::uint64_t h = 1469598103934665603ULL;

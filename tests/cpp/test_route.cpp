@@ -378,6 +378,37 @@ TEST(RouteTuned, FailedCandidatesAreShownAndKeysNameTheGpu) {
   EXPECT_EQ(select(p, other), RouteId::conv_implicit_gemm_sm80);
 }
 
+TEST(RouteTuned, CandidatesAreTheAdmittedRowsInRankOrderWithoutTheReference) {
+  RoutePolicy by_rank;
+  by_rank.use_tuned = false;
+  EXPECT_EQ(tuning_candidates(explain(pointwise(), cpu_caps(), by_rank)),
+            (std::vector<RouteId>{RouteId::conv_pointwise_matmul, RouteId::conv_gather_gemm_scatter}));
+  EXPECT_EQ(tuning_candidates(explain(subm3(), cpu_caps(), by_rank)),
+            (std::vector<RouteId>{RouteId::conv_gather_gemm_scatter}));
+  EXPECT_TRUE(tuning_candidates(explain(subm3(), cpu_caps(""), by_rank)).empty());  // only the reference is admitted
+  ConvProblem gpu = subm3();
+  gpu.device = Device::cuda(0);
+  gpu.dtype = Dtype::f16;
+  EXPECT_EQ(tuning_candidates(explain(gpu, gpu_caps(90), by_rank)),
+            (std::vector<RouteId>{RouteId::conv_implicit_gemm_sm80, RouteId::conv_cuda_gather_gemm_scatter}));
+}
+
+TEST(RouteTuned, TheChoiceIsTheFastestSuccessfulCandidateAndATieKeepsTheBetterRank) {
+  using R = RouteId;
+  const auto chosen = [](std::vector<TunedTime> t) { return tuned_choice(std::move(t)); };
+  EXPECT_EQ(chosen({{R::conv_pointwise_matmul, 2.0, ""}, {R::conv_gather_gemm_scatter, 1.0, ""}})->route,
+            R::conv_gather_gemm_scatter);
+  EXPECT_EQ(chosen({{R::conv_pointwise_matmul, 1.0, ""}, {R::conv_gather_gemm_scatter, 1.0, ""}})->route,
+            R::conv_pointwise_matmul);
+  const auto failed_first = chosen({{R::conv_implicit_gemm_sm80, -1.0, "boom"}, {R::conv_cuda_gather_gemm_scatter, 5.0, ""}});
+  ASSERT_TRUE(failed_first.has_value());
+  EXPECT_EQ(failed_first->route, R::conv_cuda_gather_gemm_scatter);
+  ASSERT_EQ(failed_first->times.size(), 2U);  // every measurement is kept, the failure with its message
+  EXPECT_EQ(failed_first->times[0].error, "boom");
+  EXPECT_FALSE(chosen({{R::conv_implicit_gemm_sm80, -1.0, "boom"}}).has_value());
+  EXPECT_FALSE(chosen({}).has_value());
+}
+
 TEST(RouteTuned, BuildIdIsStableHex) {
   const std::string id = tuning_build_id();
   EXPECT_EQ(id.size(), 16U);

@@ -196,6 +196,13 @@ def test_load_tuning_refuses_another_build_and_malformed_files(tmp_path):
     path.write_text(json.dumps({"lattice_tuning": 1, "build": core.tuning_build_id(), "entries": [{"key": "k"}]}))
     with pytest.raises(ValueError, match=r"\[load_tuning\] entries: expected \{key, route, times\} records"):
         lattice.load_tuning(path)
+    for bad_time in (["gather_gemm_scatter", "fast", ""], [3, 1.0, ""], ["gather_gemm_scatter", 1.0, None],
+                     ["gather_gemm_scatter", True, ""], ["gather_gemm_scatter", 1.0]):
+        path.write_text(json.dumps({"lattice_tuning": 1, "build": core.tuning_build_id(), "entries": [
+            {"key": "k", "route": "gather_gemm_scatter", "times": [bad_time]}]}))
+        with pytest.raises(ValueError, match=r"\[load_tuning\] entries: expected \{key, route, times\} records"):
+            lattice.load_tuning(path)
+    assert lattice.tuning_entries() == []
     path.write_text(json.dumps({"lattice_tuning": 1, "build": core.tuning_build_id(), "entries": [
         {"key": "k", "route": "warp_speed", "times": []}]}))
     with pytest.raises(ValueError, match=r"\[load_tuning\] route: expected one of 'pointwise_matmul'.*got 'warp_speed'"):

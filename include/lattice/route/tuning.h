@@ -45,6 +45,14 @@ struct TunedChoice {
 // bucket share a decision. A printable, stable string (also the key of the saved file).
 std::string conv_tuning_key(const ConvProblem& problem, const DeviceCaps& caps);
 
+// The routes a tuning run times, in rank order: the admitted rows of `by_rank` (an explanation
+// made without recorded choices), except the reference routes (oracles, never candidates).
+std::vector<RouteId> tuning_candidates(const Explanation& by_rank);
+
+// The choice a tuning run records from its measurements (in rank order): the fastest candidate
+// that did not fail, a tie keeping the earlier (better-ranked) one; nullopt when none succeeded.
+std::optional<TunedChoice> tuned_choice(std::vector<TunedTime> times);
+
 // What identifies this build's routes for a saved table: the version, a hash of the route table
 // (every row's family, name, rank, kernels and constraints) and the compiler. A table saved by
 // another build is not loaded (its measurements may not hold).
