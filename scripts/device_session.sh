@@ -13,7 +13,8 @@
 # scripts/gpu_batch_norm_check.py), SANITIZE=1 (memcheck + racecheck of the C++ tests in SAN_FILTER,
 # each within SAN_S seconds; SAN_PY: pytest arguments also run under memcheck), PROFILE=0 (no scripts/gpu_network_profile.py), PYT (pytest
 # files, default tests/python/test_batch_norm.py), PYT_S (their time limit, 120), ROUNDS, WL, CH,
-# NET (gpu_side_by_side.sh's), SBS_S (its time limit, 240).
+# NET (gpu_side_by_side.sh's), SBS_S (its time limit, 240), EXTRA (a command run after pytest, output in
+# extra.txt, EXTRA_S its time limit, 200).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
@@ -63,6 +64,10 @@ fi
 stamp pytest
 timeout ${PYT_S:-120} python3 -m pytest -q -p no:cacheprovider -x ${PYT:-tests/python/test_batch_norm.py} > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.txt"; tail -3 "$OUT/pytest.txt"
+if [ -n "${EXTRA:-}" ]; then  # one more command (a measurement script), its output in extra.txt
+  stamp "extra: $EXTRA"
+  timeout ${EXTRA_S:-200} bash -c "$EXTRA" > "$OUT/extra.txt" 2>&1; echo "extra rc=$?" >> "$OUT/extra.txt"; tail -3 "$OUT/extra.txt"
+fi
 if [ "${PROFILE:-1}" = 1 ]; then
   stamp profile
   timeout 150 python3 scripts/gpu_network_profile.py --workload kitti --out "$OUT/prof" > "$OUT/profile.txt" 2>&1

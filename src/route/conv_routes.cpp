@@ -32,6 +32,19 @@ Verdict admit_conv_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& c
   return Verdict::ok();
 }
 
+// src/backend/cuda/conv/pointwise_matmul.cu
+Verdict admit_conv_cuda_pointwise_matmul(const ConvProblem& p, const DeviceCaps& caps) {
+  if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
+    return Verdict::no("needs float16, bfloat16 or float32 (float64 convolutions run on cpu), got " +
+                       std::string(to_string(p.dtype)));
+  if (p.kernel_volume != 1)
+    return Verdict::no("needs kernel volume 1, got " + std::to_string(p.kernel_volume));
+  if (!p.identity_relation)
+    return Verdict::no("needs the identity relation (output rows == input rows), got a " +
+                       std::string(to_string(p.relation)) + " relation that moves rows");
+  return needs_cuda(p.device, caps);
+}
+
 // src/backend/cuda/conv/implicit_gemm_sm80.cu
 Verdict admit_conv_implicit_gemm_sm80(const ConvProblem& p, const DeviceCaps& caps) {
   if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
@@ -55,7 +68,7 @@ Verdict admit_conv_reference(const ConvProblem& p, const DeviceCaps&) {
   return needs_float(p.dtype);
 }
 
-constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
+constexpr std::array<RouteSpec<ConvProblem>, 6> kConvRoutes{{
     {{.id = RouteId::conv_pointwise_matmul,
       .family = "conv",
       .name = "pointwise_matmul",
@@ -78,12 +91,25 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
           "CPU; float dtypes (f16, bf16, f32, f64); any relation kind, any kernel volume, "
           "any edge count. Deterministic: bitwise-identical results for the same inputs and build."}}}},
      admit_conv_gather_gemm_scatter},
+    {{.id = RouteId::conv_cuda_pointwise_matmul,
+      .family = "conv",
+      .name = "cuda_pointwise_matmul",
+      .device = "cuda",
+      .tier = GpuTier::classic,
+      .rank = 2,
+      .kernels = "cuda::conv_cuda_pointwise_matmul_forward cuda::conv_cuda_pointwise_matmul_input_grad cuda::conv_cuda_pointwise_matmul_weight_grad cuda::conv_cuda_bias_grad",
+      .files = {{{"src/backend/cuda/conv/pointwise_matmul.cu",
+          "CUDA device (any tier, classic or above); kernel volume 1; identity relation "
+          "(edges exactly (i, i, 0) for every row, so n_in == n_out); f16, bf16 or f32 (f32 GEMMs use "
+          "tf32 only with allow_tf32). Deterministic: bitwise-identical results for the same inputs, "
+          "device and build."}}}},
+     admit_conv_cuda_pointwise_matmul},
     {{.id = RouteId::conv_implicit_gemm_sm80,
       .family = "conv",
       .name = "implicit_gemm_sm80",
       .device = "cuda",
       .tier = GpuTier::tensor_core,
-      .rank = 2,
+      .rank = 3,
       .kernels = "cuda::conv_implicit_gemm_sm80_forward cuda::conv_implicit_gemm_sm80_input_grad cuda::conv_implicit_gemm_sm80_weight_grad cuda::conv_cuda_bias_grad",
       .files = {{{"src/backend/cuda/conv/implicit_gemm_sm80.cu",
           "CUDA device of tier tensor_core or above (sm_80+); f16 or bf16, or f32 only with "
@@ -98,7 +124,7 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
       .name = "cuda_gather_gemm_scatter",
       .device = "cuda",
       .tier = GpuTier::classic,
-      .rank = 3,
+      .rank = 4,
       .kernels = "cuda::conv_cuda_gather_gemm_scatter_forward cuda::conv_cuda_gather_gemm_scatter_input_grad cuda::conv_cuda_gather_gemm_scatter_weight_grad cuda::conv_cuda_bias_grad",
       .files = {{{"src/backend/cuda/conv/gather_gemm_scatter.cu",
           "CUDA device (any tier, classic or above); f16, bf16 or f32 (not f64: cuBLAS has "
@@ -127,6 +153,7 @@ constexpr std::array<RouteSpec<ConvProblem>, 5> kConvRoutes{{
 unsigned relation_reads(RouteId route, ConvPass pass) {
   switch (route) {
     case RouteId::conv_pointwise_matmul:  // the identity flag and the row counts only
+    case RouteId::conv_cuda_pointwise_matmul:
       return 0;
     case RouteId::conv_gather_gemm_scatter:  // gather_gemm_scatter.cpp
       switch (pass) {

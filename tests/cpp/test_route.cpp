@@ -95,7 +95,7 @@ TEST(RouteConv, IdentityKernelOneChoosesPointwiseMatmul) {
 
 TEST(RouteConv, TableListsEveryConvRouteOnceInRankOrder) {
   const Explanation e = explain(subm3(), cpu_caps());
-  ASSERT_EQ(e.rows.size(), 5u);  // the three CPU routes and the two CUDA routes
+  ASSERT_EQ(e.rows.size(), 6u);  // the three CPU routes and the three CUDA routes
   EXPECT_EQ(row_of(e, RouteId::conv_cuda_gather_gemm_scatter).verdict.reason, "runs on cuda; the data is on cpu");
   EXPECT_EQ(row_of(e, RouteId::conv_implicit_gemm_sm80).verdict.reason,
             "float32 needs allow_tf32=True (tf32 tensor cores), got allow_tf32=False");
@@ -164,21 +164,30 @@ TEST(RouteConv, CudaDataOnSimulatedGpusSkipsEveryCpuRouteAndEveryReasonNamesCpu)
   for (int sm : {75, 80, 90}) {
     for (ConvProblem p : {subm3(), pointwise()}) {
       p.device = Device::cuda(0);
+      const bool one_by_one = p.identity_relation;
       const Explanation e = explain(p, gpu_caps(sm));
-      // f32 without allow_tf32: the cuBLAS route on every tier (implicit GEMM needs tf32 for f32).
-      EXPECT_EQ(e.chosen, RouteId::conv_cuda_gather_gemm_scatter) << "sm " << sm;
+      // f32 without allow_tf32: a cuBLAS route on every tier (implicit GEMM needs tf32 for f32);
+      // the 1x1x1 identity relation is one GEMM (cuda_pointwise_matmul) on every tier and dtype.
+      EXPECT_EQ(e.chosen, one_by_one ? RouteId::conv_cuda_pointwise_matmul : RouteId::conv_cuda_gather_gemm_scatter)
+          << "sm " << sm;
       EXPECT_EQ(select(p, gpu_caps(sm)), e.chosen);
-      ASSERT_EQ(e.rows.size(), 5u);
+      ASSERT_EQ(e.rows.size(), 6u);
       EXPECT_FALSE(row_of(e, RouteId::conv_implicit_gemm_sm80).verdict.admitted);
+      EXPECT_EQ(row_of(e, RouteId::conv_cuda_pointwise_matmul).verdict.admitted, one_by_one);
+      if (!one_by_one)
+        EXPECT_EQ(row_of(e, RouteId::conv_cuda_pointwise_matmul).verdict.reason, "needs kernel volume 1, got 27");
       p.dtype = Dtype::f16;
       EXPECT_EQ(explain(p, gpu_caps(sm)).chosen,
-                sm >= 80 ? RouteId::conv_implicit_gemm_sm80 : RouteId::conv_cuda_gather_gemm_scatter);
+                one_by_one ? RouteId::conv_cuda_pointwise_matmul
+                           : sm >= 80 ? RouteId::conv_implicit_gemm_sm80 : RouteId::conv_cuda_gather_gemm_scatter);
       p.dtype = Dtype::f64;
       const Explanation f64 = explain(p, gpu_caps(sm));
       EXPECT_FALSE(f64.chosen.has_value());
       EXPECT_TRUE(contains(f64.to_string(), "no route admitted")) << f64.to_string();
       for (const RouteRow& r : e.rows) {
-        if (r.id == RouteId::conv_implicit_gemm_sm80 || r.id == RouteId::conv_cuda_gather_gemm_scatter) continue;
+        if (r.id == RouteId::conv_implicit_gemm_sm80 || r.id == RouteId::conv_cuda_gather_gemm_scatter ||
+            r.id == RouteId::conv_cuda_pointwise_matmul)
+          continue;
         EXPECT_FALSE(r.verdict.admitted) << to_string(r.id);
         EXPECT_TRUE(contains(r.verdict.reason, "cpu"))
             << to_string(r.id) << ": " << r.verdict.reason;
@@ -600,7 +609,7 @@ TEST(RelationRoutes, PriorDecisionsRenderFirst) {
 TEST(RouteTable, EveryRouteIdHasExactlyOneRow) {
   const auto& rows = route_table();
   // RouteId values are contiguous from 0; the last one declared closes the range.
-  const int n_ids = static_cast<int>(RouteId::batch_norm_cuda) + 1;
+  const int n_ids = static_cast<int>(RouteId::conv_cuda_pointwise_matmul) + 1;
   EXPECT_EQ(rows.size(), static_cast<std::size_t>(n_ids));
   for (int i = 0; i < n_ids; ++i) {
     const auto id = static_cast<RouteId>(i);
@@ -625,12 +634,12 @@ TEST(RouteTable, FamiliesAndNamesComeFromTheRows) {
                                                "pool_edges", "point_index", "dequantize", "batch_norm"};
   EXPECT_EQ(families, expected);
   // Rank order within a family, CUDA routes included (the old hand-written lists omitted them).
-  const std::vector<std::string_view> conv{"pointwise_matmul", "gather_gemm_scatter", "implicit_gemm_sm80",
-                                           "cuda_gather_gemm_scatter", "reference"};
+  const std::vector<std::string_view> conv{"pointwise_matmul", "gather_gemm_scatter", "cuda_pointwise_matmul",
+                                           "implicit_gemm_sm80", "cuda_gather_gemm_scatter", "reference"};
   EXPECT_EQ(route_names("conv"), conv);
   EXPECT_TRUE(route_names("no_such_family").empty());
   EXPECT_EQ(route_name_list("conv"),
-            "one of 'pointwise_matmul', 'gather_gemm_scatter', 'implicit_gemm_sm80', "
+            "one of 'pointwise_matmul', 'gather_gemm_scatter', 'cuda_pointwise_matmul', 'implicit_gemm_sm80', "
             "'cuda_gather_gemm_scatter', 'reference'");
   EXPECT_EQ(route_name_list("coords"), "'cuda' or 'reference'");
   EXPECT_EQ(route_name_list("no_such_family"), "");

@@ -93,8 +93,8 @@ SIMULATED_SM = {"classic": 75, "tensor_core": 86, "hopper": 90}
 # family -> the routes explain() lists, in its row order (rank, then table order): the first
 # admitted one is chosen.
 ROUTES = {
-    "conv": ("pointwise_matmul", "gather_gemm_scatter", "implicit_gemm_sm80", "cuda_gather_gemm_scatter",
-             "reference"),
+    "conv": ("pointwise_matmul", "gather_gemm_scatter", "cuda_pointwise_matmul", "implicit_gemm_sm80",
+             "cuda_gather_gemm_scatter", "reference"),
     "pool": ("cuda_csr_reduce", "input_exclusive", "csr_reduce", "reference"),
     "algebra": ("hashed", "cuda_hashed", "reference"),
     "coords": ("cuda", "reference"),
@@ -171,6 +171,9 @@ def _every_tier(v: Verdict) -> dict[str, Verdict]:
 
 _ON_CPU = Rejected("runs on cpu; the data is on cuda:0")
 _TC = Rejected("needs GPU tier tensor_core or above, device has classic")
+# conv geometries of the 1x1x1 identity relation, and of the kernel-27 relations that move rows
+_POINTWISE = tuple(f"pointwise/{c}" for c in ("aligned", "unaligned"))
+_MOVES_ROWS = tuple(f"{k}/{c}" for k in CONV_KINDS for c in ("aligned", "unaligned"))
 
 # family -> [(route, passes, dtypes, geometries, {tier: verdict})]
 RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
@@ -181,6 +184,12 @@ RULES: dict[str, list[tuple[str, Any, Any, Any, dict[str, Verdict]]]] = {
         ("implicit_gemm_sm80", ALL, ("f32",), ALL, _every_tier(Rejected("float32 needs allow_tf32=True"))),
         ("implicit_gemm_sm80", ALL, ("f64",), ALL,
          _every_tier(Rejected("needs float16 or bfloat16 (or float32 with allow_tf32), got float64"))),
+        # pointwise_matmul.cu: any tier, f16 / bf16 / f32 (tf32 or not), the 1x1x1 identity relation only
+        ("cuda_pointwise_matmul", ALL, ("f32", "tf32", "f16", "bf16"), _POINTWISE, _every_tier(ADMITTED)),
+        ("cuda_pointwise_matmul", ALL, ("f32", "tf32", "f16", "bf16"), _MOVES_ROWS,
+         _every_tier(Rejected("needs kernel volume 1, got 27"))),
+        ("cuda_pointwise_matmul", ALL, ("f64",), ALL,
+         _every_tier(Rejected("float64 convolutions run on cpu), got float64"))),
         # gather_gemm_scatter.cu: any tier, f16 / bf16 / f32 (tf32 or not), any geometry
         ("cuda_gather_gemm_scatter", ALL, ("f32", "tf32", "f16", "bf16"), ALL, _every_tier(ADMITTED)),
         ("cuda_gather_gemm_scatter", ALL, ("f64",), ALL,

@@ -54,7 +54,7 @@ DTYPES = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf
           "f64": torch.float64}
 
 # The CUDA routes of each family, from the route table's rows (src/route/<family>_routes.cpp).
-CONV_ROUTES = tuple(route_names("conv", device="cuda"))  # implicit_gemm_sm80, cuda_gather_gemm_scatter
+CONV_ROUTES = tuple(route_names("conv", device="cuda"))  # cuda_pointwise_matmul, implicit_gemm_sm80, cuda_gather_gemm_scatter
 POOL_ROUTES = tuple(route_names("pool", device="cuda"))  # cuda_csr_reduce
 ALGEBRA_ROUTES = tuple(route_names("algebra", device="cuda"))  # cuda_hashed
 COORDS_ROUTES = tuple(route_names("coords", device="cuda"))  # cuda
@@ -513,8 +513,9 @@ def test_conv_parity_small(geom, route, dtype_name):
 
 @needs_gpu
 @pytest.mark.parametrize("geom,route,dtype_name", pick(
-    [(g, r, d) for g in ("subm3", "k2s2", "tr_k2s2_target") for r in (None, *CONV_ROUTES) for d in ("f32", "f16", "bf16")],
-    [("subm3", r, "f16") for r in CONV_ROUTES]))
+    [(g, r, d) for g in ("subm3", "k2s2", "tr_k2s2_target") for r in (None, *CONV_ROUTES) for d in ("f32", "f16", "bf16")]
+    + [("pw", r, d) for r in (None, "cuda_pointwise_matmul") for d in CONV_DTYPES],
+    [("subm3", r, "f16") for r in CONV_ROUTES] + [("pw", "cuda_pointwise_matmul", "f16")]))
 def test_conv_parity_odd_channels(geom, route, dtype_name):
     """Channel counts that are not multiples of a vector width or an mma tile."""
     check_conv(geom, "small", route, dtype_name, 3, 5)
@@ -524,8 +525,9 @@ def test_conv_parity_odd_channels(geom, route, dtype_name):
 @pytest.mark.parametrize("channels", [(40, 70), (32, 72)])
 @pytest.mark.parametrize("name", list(TILE_INPUTS))
 @pytest.mark.parametrize("geom,route,dtype_name", pick(
-    [(g, r, d) for g in ("subm3", "k2s2_target", "tr_k2s2_target") for r in CONV_ROUTES for d in CONV_DTYPES],
-    [("subm3", r, "f16") for r in CONV_ROUTES]))
+    [(g, r, d) for g in ("subm3", "k2s2_target", "tr_k2s2_target") for r in CONV_ROUTES for d in CONV_DTYPES]
+    + [("pw", "cuda_pointwise_matmul", d) for d in CONV_DTYPES],
+    [("subm3", r, "f16") for r in CONV_ROUTES] + [("pw", "cuda_pointwise_matmul", "bf16")]))
 def test_conv_parity_partial_tiles(geom, route, dtype_name, name, channels):
     """Output rows (forward) and input rows (input gradient) 128k+1 and 128k+127: the last
     128-row tile holds 1 or 127 rows; C_out 70 / 72 leaves a partial 64-channel tile, C_in 40 a

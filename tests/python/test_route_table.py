@@ -40,7 +40,7 @@ def _constraints_paragraph(path: Path) -> str:
 def test_the_table_has_every_family_and_unique_names():
     rows = routes.route_table()
     assert tuple(routes.route_families()) == FAMILIES
-    assert len(rows) == 34, [(r["family"], r["name"]) for r in rows]
+    assert len(rows) == 35, [(r["family"], r["name"]) for r in rows]
     keys = [(r["family"], r["name"]) for r in rows]
     assert len(set(keys)) == len(keys)
     for fam in FAMILIES:
@@ -100,7 +100,8 @@ def test_unknown_conv_route_lists_every_conv_route_cuda_included():
 
 def test_route_names_filter_by_device():
     assert routes.route_names("point_voxel", device="cpu") == ["parallel", "reference"]
-    assert routes.route_names("conv", device="cuda") == ["implicit_gemm_sm80", "cuda_gather_gemm_scatter"]
+    assert routes.route_names("conv", device="cuda") == ["cuda_pointwise_matmul", "implicit_gemm_sm80",
+                                                          "cuda_gather_gemm_scatter"]
     assert "dequant_reference" in routes.route_names("quantized", device="cuda")
     with pytest.raises(ValueError, match=r"^\[route_names\] family: expected one of conv, "):
         routes.route_names("convolution")

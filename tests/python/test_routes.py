@@ -193,7 +193,7 @@ BASE = dict(op="subm_conv3d", relation="submanifold", dtype="float32", device="c
             c_in=32, c_out=32, n_edges=8000)
 
 
-CUDA_CONV_ROUTES = ("implicit_gemm_sm80", "cuda_gather_gemm_scatter")
+CUDA_CONV_ROUTES = ("cuda_pointwise_matmul", "implicit_gemm_sm80", "cuda_gather_gemm_scatter")
 
 
 def _rows(e):

@@ -287,7 +287,7 @@ def test_sparse_tensor_stride_outside_int32_raises_value_error():
 
 @pytest.mark.parametrize("route", ["fast", "cuda", "REFERENCE"])
 def test_conv_unknown_route_name_raises_value_error(x, w3, route):
-    with pytest.raises(ValueError, match=rf"^\[conv3d\] route: expected one of 'pointwise_matmul', 'gather_gemm_scatter', 'implicit_gemm_sm80', 'cuda_gather_gemm_scatter', 'reference', got '{route}'$"):
+    with pytest.raises(ValueError, match=rf"^\[conv3d\] route: expected one of 'pointwise_matmul', 'gather_gemm_scatter', 'cuda_pointwise_matmul', 'implicit_gemm_sm80', 'cuda_gather_gemm_scatter', 'reference', got '{route}'$"):
         ops.conv3d(x, w3, route=route)
 
 

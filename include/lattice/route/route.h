@@ -53,6 +53,7 @@ enum class RouteId {
   batch_norm_reference,
   batch_norm_parallel,
   batch_norm_cuda,
+  conv_cuda_pointwise_matmul,
 };
 
 // The source file that implements a route and the constraints paragraph it opens with (the text
