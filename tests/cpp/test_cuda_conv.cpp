@@ -349,6 +349,46 @@ TEST(CudaConv, GatherGemmScatterTF32) {
   SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_gather_gemm_scatter);
   check_route(RouteId::conv_cuda_gather_gemm_scatter, Dtype::f32, true);
 }
+// The 1x1x1 identity relations cuda_pointwise_matmul takes (kernel volume 1 onto the input's own rows).
+std::vector<Case> pointwise_cases() {
+  std::vector<Case> out;
+  auto x = random_set(400, 5, {1, 1, 1}, 17);
+  out.push_back({"identity_400", x->relation(RelationKind::submanifold, spec_of(1, 1), nullptr, "test").relation});
+  auto one = random_set(1, 2, {1, 1, 1}, 5);
+  out.push_back({"identity_1", one->relation(RelationKind::submanifold, spec_of(1, 1), nullptr, "test").relation});
+  auto none = CoordinateSet::create(Array::empty({0, 4}, Dtype::i32), {1, 1, 1});
+  out.push_back({"identity_0", none->relation(RelationKind::submanifold, spec_of(1, 1), nullptr, "test").relation});
+  for (const Case& c : out) EXPECT_TRUE(c.rel->identity) << c.name;
+  return out;
+}
+
+TEST(CudaConv, PointwiseMatmulF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_pointwise_matmul);
+  check_route(RouteId::conv_cuda_pointwise_matmul, Dtype::f32, false, {Channels{13, 21}, Channels{64, 64}, Channels{3, 1}},
+              pointwise_cases());
+}
+TEST(CudaConv, PointwiseMatmulF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_pointwise_matmul);
+  check_route(RouteId::conv_cuda_pointwise_matmul, Dtype::f16, false,
+              {Channels{13, 21}, Channels{64, 64}, Channels{70, 130}}, pointwise_cases());
+}
+TEST(CudaConv, PointwiseMatmulBF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_pointwise_matmul);
+  check_route(RouteId::conv_cuda_pointwise_matmul, Dtype::bf16, false, {Channels{13, 21}, Channels{64, 64}},
+              pointwise_cases());
+}
+TEST(CudaConv, PointwiseMatmulTF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_pointwise_matmul);
+  check_route(RouteId::conv_cuda_pointwise_matmul, Dtype::f32, true, {Channels{13, 21}, Channels{64, 64}},
+              pointwise_cases());
+}
+// Pointers one element past an allocation (not 16-byte aligned): cuBLAS takes any element alignment.
+TEST(CudaConv, PointwiseMatmulUnaligned) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_cuda_pointwise_matmul);
+  check_route(RouteId::conv_cuda_pointwise_matmul, Dtype::f16, false, {Channels{64, 64}, Channels{16, 72}},
+              pointwise_cases(), 1);
+}
+
 TEST(CudaConv, ImplicitGemmSm80F16) {
   SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
   check_route(RouteId::conv_implicit_gemm_sm80, Dtype::f16, false);
