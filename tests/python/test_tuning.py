@@ -297,7 +297,8 @@ import cuda_admission as adm  # noqa: E402
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_cuda_tune_minkunet42_with_backward_records_device_buckets_and_runs_them(dtype):
     """On a GPU the candidates are the CUDA routes admitted for the dtype (float32: only
-    cuda_gather_gemm_scatter without allow_tf32); timing waits for the device, so tuning works on
+    cuda_gather_gemm_scatter without allow_tf32, and cuda_pointwise_matmul on the 1x1x1 identity
+    buckets); timing waits for the device, so tuning works on
     torch's stream and leaves nothing queued; a step afterwards is reproducible and each layer's
     output is the recorded route's (checked on one layer through route=)."""
     from lattice.models import MinkUNet42
@@ -311,13 +312,16 @@ def test_cuda_tune_minkunet42_with_backward_records_device_buckets_and_runs_them
         x = x.replace_feats(x.feats.half())
     report = lattice.tune(net, x, backward=True, reps=2, save=False)
     assert len(report) > 20
-    allowed = {"implicit_gemm_sm80", "cuda_gather_gemm_scatter"}
+    allowed = {"cuda_pointwise_matmul", "implicit_gemm_sm80", "cuda_gather_gemm_scatter"}
     for e in report:
         assert "cuda sm_" in e["key"], e["key"]
         names = [t[0] for t in e["times"]]
         assert set(names) <= allowed and e["route"] in names, e
+        # the 1x1x1 identity buckets (the shortcuts) also time the one-GEMM route, in rank order
+        identity = ", identity" in e["key"]
+        assert ("cuda_pointwise_matmul" in names) == identity, e
         if dtype == torch.float32:
-            assert names == ["cuda_gather_gemm_scatter"], e
+            assert names == (["cuda_pointwise_matmul"] if identity else []) + ["cuda_gather_gemm_scatter"], e
         assert all(ms is not None and ms > 0 for _, ms, _ in e["times"]), e
 
     def step():
