@@ -14,15 +14,28 @@ using route_detail::needs_cuda;
 using route_detail::needs_float;
 using route_detail::RouteSpec;
 
-Verdict admit_conv_pointwise_matmul(const ConvProblem& p, const DeviceCaps&) {
-  if (auto v = needs_cpu(p.device); !v.admitted) return v;
-  if (auto v = needs_float(p.dtype); !v.admitted) return v;
+// The pointwise routes (CPU and CUDA): a 1x1x1 kernel onto the input's own rows, i.e. a matmul.
+Verdict needs_identity_1x1(const ConvProblem& p) {
   if (p.kernel_volume != 1)
     return Verdict::no("needs kernel volume 1, got " + std::to_string(p.kernel_volume));
   if (!p.identity_relation)
     return Verdict::no("needs the identity relation (output rows == input rows), got a " +
                        std::string(to_string(p.relation)) + " relation that moves rows");
   return Verdict::ok();
+}
+
+// The cuBLAS routes' dtypes: f16, bf16 or f32 (cuBLAS has no f32-accumulating f64 path here).
+Verdict needs_cuda_float(Dtype dtype) {
+  if (dtype != Dtype::f16 && dtype != Dtype::bf16 && dtype != Dtype::f32)
+    return Verdict::no("needs float16, bfloat16 or float32 (float64 convolutions run on cpu), got " +
+                       std::string(to_string(dtype)));
+  return Verdict::ok();
+}
+
+Verdict admit_conv_pointwise_matmul(const ConvProblem& p, const DeviceCaps&) {
+  if (auto v = needs_cpu(p.device); !v.admitted) return v;
+  if (auto v = needs_float(p.dtype); !v.admitted) return v;
+  return needs_identity_1x1(p);
 }
 
 Verdict admit_conv_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& caps) {
@@ -34,14 +47,8 @@ Verdict admit_conv_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& c
 
 // src/backend/cuda/conv/pointwise_matmul.cu
 Verdict admit_conv_cuda_pointwise_matmul(const ConvProblem& p, const DeviceCaps& caps) {
-  if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
-    return Verdict::no("needs float16, bfloat16 or float32 (float64 convolutions run on cpu), got " +
-                       std::string(to_string(p.dtype)));
-  if (p.kernel_volume != 1)
-    return Verdict::no("needs kernel volume 1, got " + std::to_string(p.kernel_volume));
-  if (!p.identity_relation)
-    return Verdict::no("needs the identity relation (output rows == input rows), got a " +
-                       std::string(to_string(p.relation)) + " relation that moves rows");
+  if (auto v = needs_cuda_float(p.dtype); !v.admitted) return v;
+  if (auto v = needs_identity_1x1(p); !v.admitted) return v;
   return needs_cuda(p.device, caps);
 }
 
@@ -57,9 +64,7 @@ Verdict admit_conv_implicit_gemm_sm80(const ConvProblem& p, const DeviceCaps& ca
 
 // src/backend/cuda/conv/gather_gemm_scatter.cu
 Verdict admit_conv_cuda_gather_gemm_scatter(const ConvProblem& p, const DeviceCaps& caps) {
-  if (p.dtype != Dtype::f16 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f32)
-    return Verdict::no("needs float16, bfloat16 or float32 (float64 convolutions run on cpu), got " +
-                       std::string(to_string(p.dtype)));
+  if (auto v = needs_cuda_float(p.dtype); !v.admitted) return v;
   return needs_cuda(p.device, caps);
 }
 

@@ -18,13 +18,16 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "backend/args.h"
 #include "lattice/core/array.h"
 #include "lattice/core/device.h"
+#include "lattice/core/error.h"
 
 namespace lattice::backend::cuda {
 
@@ -77,6 +80,31 @@ CublasBinding bind_cublas(Device device);
       ::lattice::backend::cuda::throw_cublas_error(lattice_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
+// The cuBLAS data type of an element type (f32, f16, bf16).
+template <class E> constexpr cudaDataType_t cuda_type();
+template <> constexpr cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+// Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta * C on the binding's stream:
+// cublasGemmEx with inputs of type E, C of type C_t (E, or f32 for an accumulator), f32 compute
+// (CUBLAS_COMPUTE_32F_FAST_TF32 when `tf32`, for f32 inputs the caller rounded to tf32 already).
+// `what` names the route in the error for a dimension beyond int range.
+template <class E, class C_t>
+void cublas_gemm(const CublasBinding& cb, bool tf32, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m,
+                 std::int64_t n, std::int64_t k, const E* a, std::int64_t lda, const E* b, std::int64_t ldb,
+                 float beta, C_t* c, std::int64_t ldc, const char* what) {
+  for (const std::int64_t d : {m, n, k, lda, ldb, ldc})
+    LATTICE_ASSERT(d >= 0 && d <= std::int64_t{INT_MAX}, std::string(what) + ": GEMM dimension exceeds int range");
+  const float one = 1.0f;
+  LATTICE_CUBLAS_CHECK(cublasSetMathMode(cb.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LATTICE_CUBLAS_CHECK(cublasGemmEx(cb.handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                    &one, a, cuda_type<E>(), static_cast<int>(lda), b, cuda_type<E>(),
+                                    static_cast<int>(ldb), &beta, c, cuda_type<C_t>(), static_cast<int>(ldc), compute,
+                                    CUBLAS_GEMM_DEFAULT));
+}
+
 // acc (rows, c) f32 = bias broadcast (bias of element type E, or zeros when null).
 template <class E>
 void fill_accumulator(float* acc, std::int64_t rows, std::int64_t c, const E* bias, cudaStream_t s);
@@ -90,6 +118,23 @@ void gather_rows(const E* src, std::int64_t c, const std::int32_t* rows, std::in
                  bool tf32 = false);
 // dst (n) = src (n) rounded to the nearest tf32 value (ties to even); inf / NaN unchanged.
 void round_to_tf32(const float* src, float* dst, std::int64_t n, cudaStream_t s);
+
+// Whether a conv call's f32 GEMMs run on tf32 tensor cores (f32 storage and allow_tf32).
+template <class E>
+bool uses_tf32(const ConvArgs& a) {
+  return std::is_same_v<E, float> && a.allow_tf32;
+}
+
+// A GEMM operand of n values on a.device: `src` itself, or (uses_tf32) a copy rounded to the
+// nearest tf32 values, valid while `keep` lives; the cuBLAS routes round both operands so the
+// result does not depend on how the tensor cores convert f32.
+template <class E>
+const E* tf32_operand(const ConvArgs& a, const void* src, std::int64_t n, cudaStream_t s, Array& keep) {
+  if (!uses_tf32<E>(a) || n == 0) return static_cast<const E*>(src);
+  keep = Array::empty({n}, Dtype::f32, a.device);
+  round_to_tf32(static_cast<const float*>(src), keep.data<float>(), n, s);
+  return reinterpret_cast<const E*>(keep.data<float>());
+}
 // acc[rows[j]] += part[j] for j < m (f32, (.., c)); rows distinct, so no two threads share an element.
 void scatter_add_rows(const float* part, std::int64_t c, const std::int32_t* rows, std::int64_t m, float* acc,
                       cudaStream_t s);

@@ -38,44 +38,7 @@
 namespace lattice::backend::cuda {
 namespace {
 
-template <class E> constexpr cudaDataType_t cuda_type();
-template <> constexpr cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
-template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
-template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
-
-int as_int(std::int64_t v) {
-  LATTICE_ASSERT(v >= 0 && v <= INT_MAX, "conv cuda_gather_gemm_scatter: GEMM dimension exceeds int range");
-  return static_cast<int>(v);
-}
-
-// Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), f32 output, inputs of type E.
-template <class E>
-void gemm(const CublasBinding& cb, bool allow_tf32, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m,
-          std::int64_t n, std::int64_t k, const E* a, std::int64_t lda, const E* b, std::int64_t ldb, float* c,
-          std::int64_t ldc) {
-  const float one = 1.0f, zero = 0.0f;
-  const bool tf32 = std::is_same_v<E, float> && allow_tf32;
-  LATTICE_CUBLAS_CHECK(cublasSetMathMode(cb.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  LATTICE_CUBLAS_CHECK(cublasGemmEx(cb.handle, ta, tb, as_int(m), as_int(n), as_int(k), &one, a, cuda_type<E>(),
-                                    as_int(lda), b, cuda_type<E>(), as_int(ldb), &zero, c, CUDA_R_32F, as_int(ldc),
-                                    compute, CUBLAS_GEMM_DEFAULT));
-}
-
-template <class E>
-bool uses_tf32(const ConvArgs& a) {
-  return std::is_same_v<E, float> && a.allow_tf32;
-}
-
-// W itself, or (tf32) a copy rounded to the nearest tf32 values, valid while `keep` lives.
-template <class E>
-const E* tf32_weight(const ConvArgs& a, cudaStream_t s, Array& keep) {
-  if (!uses_tf32<E>(a)) return static_cast<const E*>(a.w);
-  const std::int64_t n = a.rel.kernel_volume * a.c_in * a.c_out;
-  keep = Array::empty({n}, Dtype::f32, a.device);
-  round_to_tf32(static_cast<const float*>(a.w), keep.data<float>(), n, s);
-  return reinterpret_cast<const E*>(keep.data<float>());
-}
+constexpr const char* kRoute = "conv cuda_gather_gemm_scatter";
 
 void check_grouping(const RelationView& rel) {
   LATTICE_ASSERT(rel.n_edges == 0 || (rel.k_ptr && rel.k_in && rel.k_out),
@@ -110,7 +73,7 @@ void accumulate(const ConvArgs& a, bool transpose_w, const E* src, std::int64_t 
   const CublasBinding cb = bind_cublas(a.device);
   const bool tf32 = uses_tf32<E>(a);
   Array w_tf32;
-  const E* w = tf32_weight<E>(a, s, w_tf32);
+  const E* w = tf32_operand<E>(a, a.w, a.rel.kernel_volume * a.c_in * a.c_out, s, w_tf32);
   for (std::int64_t k = 0; k < rel.kernel_volume; ++k) {
     const std::int64_t m = kp[static_cast<std::size_t>(k) + 1] - kp[static_cast<std::size_t>(k)];
     if (m == 0) continue;
@@ -119,12 +82,12 @@ void accumulate(const ConvArgs& a, bool transpose_w, const E* src, std::int64_t 
     const E* wk = w + k * a.c_in * a.c_out;
     if (!transpose_w) {
       // P^T (C_out, m) = W_k^T (col-major view of row-major W_k) @ G^T.
-      gemm<E>(cb, a.allow_tf32, CUBLAS_OP_N, CUBLAS_OP_N, a.c_out, m, a.c_in, wk, a.c_out, g.data<E>(), a.c_in,
-              p.data<float>(), a.c_out);
+      cublas_gemm<E, float>(cb, tf32, CUBLAS_OP_N, CUBLAS_OP_N, a.c_out, m, a.c_in, wk, a.c_out, g.data<E>(), a.c_in,
+                            0.0f, p.data<float>(), a.c_out, kRoute);
     } else {
       // P^T (C_in, m) = W_k (transpose of the col-major view) @ G^T.
-      gemm<E>(cb, a.allow_tf32, CUBLAS_OP_T, CUBLAS_OP_N, a.c_in, m, a.c_out, wk, a.c_out, g.data<E>(), a.c_out,
-              p.data<float>(), a.c_in);
+      cublas_gemm<E, float>(cb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, a.c_in, m, a.c_out, wk, a.c_out, g.data<E>(), a.c_out,
+                            0.0f, p.data<float>(), a.c_in, kRoute);
     }
     scatter_add_rows(p.data<float>(), c_dst, dst_rows + e0, m, acc, s);
   }
@@ -208,8 +171,8 @@ void weight_grad(const ConvArgs& a) {
       gather_rows<E>(static_cast<const E*>(a.x), a.c_in, rel.k_in + e0, m, gx.data<E>(), s, uses_tf32<E>(a));
       gather_rows<E>(static_cast<const E*>(a.dy), a.c_out, rel.k_out + e0, m, gdy.data<E>(), s, uses_tf32<E>(a));
       // dW_k^T (C_out, C_in) col-major = Gdy^T (C_out, m) @ Gx (m, C_in): row-major dW_k.
-      gemm<E>(cb, a.allow_tf32, CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, m, gdy.data<E>(), a.c_out, gx.data<E>(),
-              a.c_in, acc + k * per_offset, a.c_out);
+      cublas_gemm<E, float>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, m, gdy.data<E>(), a.c_out,
+                            gx.data<E>(), a.c_in, 0.0f, acc + k * per_offset, a.c_out, kRoute);
     }
   }
   if constexpr (!std::is_same_v<E, float>) round_to<E>(acc, dw, n, s);

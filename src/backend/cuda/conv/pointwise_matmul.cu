@@ -23,7 +23,6 @@
 // Determinism: cuBLAS runs with a fixed workspace (bind_cublas), atomics disallowed (its
 // default), on one stream, which makes its GEMMs reproducible on one device.
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -36,51 +35,13 @@
 namespace lattice::backend::cuda {
 namespace {
 
-template <class E> constexpr cudaDataType_t cuda_type();
-template <> constexpr cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
-template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
-template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
-
 // The largest row count one GEMM takes (an int dimension, a multiple of 16 so chunks stay aligned).
 constexpr std::int64_t kMaxRows = std::int64_t{1} << 30;
-
-int as_int(std::int64_t v) {
-  LATTICE_ASSERT(v >= 0 && v <= INT_MAX, "conv cuda_pointwise_matmul: GEMM dimension exceeds int range");
-  return static_cast<int>(v);
-}
+constexpr const char* kRoute = "conv cuda_pointwise_matmul";
 
 void check_pointwise(const ConvArgs& a) {
   LATTICE_ASSERT(a.rel.kernel_volume == 1 && a.rel.identity && a.rel.n_in == a.rel.n_out,
                  "conv cuda_pointwise_matmul: requires kernel volume 1 and the identity relation");
-}
-
-// Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta * C; inputs of type E, C of type
-// C_t (E, or f32 for an accumulator), f32 compute.
-template <class E, class C_t>
-void gemm(const CublasBinding& cb, bool tf32, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m,
-          std::int64_t n, std::int64_t k, const E* a, std::int64_t lda, const E* b, std::int64_t ldb, float beta,
-          C_t* c, std::int64_t ldc) {
-  const float one = 1.0f;
-  LATTICE_CUBLAS_CHECK(cublasSetMathMode(cb.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  LATTICE_CUBLAS_CHECK(cublasGemmEx(cb.handle, ta, tb, as_int(m), as_int(n), as_int(k), &one, a, cuda_type<E>(),
-                                    as_int(lda), b, cuda_type<E>(), as_int(ldb), &beta, c, cuda_type<C_t>(),
-                                    as_int(ldc), compute, CUBLAS_GEMM_DEFAULT));
-}
-
-template <class E>
-bool uses_tf32(const ConvArgs& a) {
-  return std::is_same_v<E, float> && a.allow_tf32;
-}
-
-// `src` itself, or (tf32) a copy of its n values rounded to the nearest tf32 value, valid while
-// `keep` lives.
-template <class E>
-const E* operand(const ConvArgs& a, const void* src, std::int64_t n, cudaStream_t s, Array& keep) {
-  if (!uses_tf32<E>(a) || n == 0) return static_cast<const E*>(src);
-  keep = Array::empty({n}, Dtype::f32, a.device);
-  round_to_tf32(static_cast<const float*>(src), keep.data<float>(), n, s);
-  return reinterpret_cast<const E*>(keep.data<float>());
 }
 
 template <class E>
@@ -102,6 +63,24 @@ void broadcast_rows(E* y, std::int64_t rows, std::int64_t c, const E* bias, cuda
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
+// dst (n, c_dst) = src (n, c_src) @ op(W) + beta * dst over the N rows, in chunks of kMaxRows:
+// op(W) = W (C_in, C_out) for the forward (src x), W^T for the input gradient (src dy). In
+// column-major terms dst^T = op'(W) @ src^T with W's row-major storage read as W^T (lda C_out).
+template <class E>
+void rows_times_weight(const ConvArgs& a, const void* src_v, std::int64_t c_src, bool transpose_w, float beta, E* dst,
+                       std::int64_t c_dst, cudaStream_t s) {
+  const std::int64_t n = a.rel.n_out;
+  Array keep_src, keep_w;
+  const E* src = tf32_operand<E>(a, src_v, n * c_src, s, keep_src);
+  const E* w = tf32_operand<E>(a, a.w, a.c_in * a.c_out, s, keep_w);
+  const CublasBinding cb = bind_cublas(a.device);
+  for (std::int64_t r0 = 0; r0 < n; r0 += kMaxRows) {
+    const std::int64_t m = std::min(kMaxRows, n - r0);
+    cublas_gemm<E, E>(cb, uses_tf32<E>(a), transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, c_dst, m, c_src, w,
+                      a.c_out, src + r0 * c_src, c_src, beta, dst + r0 * c_dst, c_dst, kRoute);
+  }
+}
+
 template <class E>
 void forward(const ConvArgs& a) {
   check_pointwise(a);
@@ -113,16 +92,7 @@ void forward(const ConvArgs& a) {
   const auto* bias = static_cast<const E*>(a.bias);
   if (bias || a.c_in == 0) broadcast_rows<E>(y, n, a.c_out, bias, s);
   if (a.c_in == 0) return;
-  Array keep_x, keep_w;
-  const E* x = operand<E>(a, a.x, n * a.c_in, s, keep_x);
-  const E* w = operand<E>(a, a.w, a.c_in * a.c_out, s, keep_w);
-  const CublasBinding cb = bind_cublas(a.device);
-  for (std::int64_t r0 = 0; r0 < n; r0 += kMaxRows) {
-    const std::int64_t m = std::min(kMaxRows, n - r0);
-    // Y^T (C_out, m) col-major = W^T (the col-major view of row-major W) @ X^T.
-    gemm<E, E>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_N, a.c_out, m, a.c_in, w, a.c_out, x + r0 * a.c_in,
-               a.c_in, bias ? 1.0f : 0.0f, y + r0 * a.c_out, a.c_out);
-  }
+  rows_times_weight<E>(a, a.x, a.c_in, false, bias ? 1.0f : 0.0f, y, a.c_out, s);
 }
 
 template <class E>
@@ -137,16 +107,7 @@ void input_grad(const ConvArgs& a) {
     broadcast_rows<E>(dx, n, a.c_in, nullptr, s);
     return;
   }
-  Array keep_dy, keep_w;
-  const E* dy = operand<E>(a, a.dy, n * a.c_out, s, keep_dy);
-  const E* w = operand<E>(a, a.w, a.c_in * a.c_out, s, keep_w);
-  const CublasBinding cb = bind_cublas(a.device);
-  for (std::int64_t r0 = 0; r0 < n; r0 += kMaxRows) {
-    const std::int64_t m = std::min(kMaxRows, n - r0);
-    // dX^T (C_in, m) col-major = W (the transpose of the col-major view) @ dY^T.
-    gemm<E, E>(cb, uses_tf32<E>(a), CUBLAS_OP_T, CUBLAS_OP_N, a.c_in, m, a.c_out, w, a.c_out, dy + r0 * a.c_out,
-               a.c_out, 0.0f, dx + r0 * a.c_in, a.c_in);
-  }
+  rows_times_weight<E>(a, a.dy, a.c_out, true, 0.0f, dx, a.c_in, s);
 }
 
 template <class E>
@@ -162,13 +123,13 @@ void weight_grad(const ConvArgs& a) {
     return;
   }
   Array keep_x, keep_dy;
-  const E* x = operand<E>(a, a.x, n * a.c_in, s, keep_x);
-  const E* dy = operand<E>(a, a.dy, n * a.c_out, s, keep_dy);
+  const E* x = tf32_operand<E>(a, a.x, n * a.c_in, s, keep_x);
+  const E* dy = tf32_operand<E>(a, a.dy, n * a.c_out, s, keep_dy);
   const CublasBinding cb = bind_cublas(a.device);
   // dW^T (C_out, C_in) col-major = dY^T (C_out, m) @ X (m, C_in): row-major dW.
   if (n <= kMaxRows) {
-    gemm<E, E>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, n, dy, a.c_out, x, a.c_in, 0.0f, dw,
-               a.c_out);
+    cublas_gemm<E, E>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, n, dy, a.c_out, x, a.c_in, 0.0f,
+                      dw, a.c_out, kRoute);
     return;
   }
   Array acc_buf;
@@ -181,8 +142,8 @@ void weight_grad(const ConvArgs& a) {
   }
   for (std::int64_t r0 = 0; r0 < n; r0 += kMaxRows) {
     const std::int64_t m = std::min(kMaxRows, n - r0);
-    gemm<E, float>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, m, dy + r0 * a.c_out, a.c_out,
-                   x + r0 * a.c_in, a.c_in, r0 == 0 ? 0.0f : 1.0f, acc, a.c_out);
+    cublas_gemm<E, float>(cb, uses_tf32<E>(a), CUBLAS_OP_N, CUBLAS_OP_T, a.c_out, a.c_in, m, dy + r0 * a.c_out,
+                          a.c_out, x + r0 * a.c_in, a.c_in, r0 == 0 ? 0.0f : 1.0f, acc, a.c_out, kRoute);
   }
   if constexpr (!std::is_same_v<E, float>) round_to<E>(acc, dw, per, s);
 }
