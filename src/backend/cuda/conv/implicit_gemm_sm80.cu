@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/common/conv_support.cuh"
 #include "backend/cuda/runtime/check.h"
@@ -160,7 +161,13 @@ constexpr int kMinBlocks = BM == 64 ? (BN == 64 ? 6 : 4) : (BN == 64 ? 3 : 2);
 // kVector: 16-byte cp.async gathers and 16-byte stores (c_src and c_dst multiples of kVec<E>,
 // src, w and dst 16-byte aligned); otherwise plain element loads into the same buffers.
 // Channel counts are below 2^31 (the launcher checks).
-template <class E, bool kVector, bool kTrans, int BM, int BN>
+// kLean (with kVector; the launcher checks both conditions): kernel volume <= kMapCacheK (the map
+// rows always in shared memory) and every element offset below 2^31 (n_src * c_src and
+// K * c_src * c_dst), so each stage's copies are addressed from per-thread offsets computed once
+// before the pipeline (32-bit offsets from a per-stage base) instead of 64-bit index math per
+// vector and stage. The same copies land in the same places: the results are bitwise those of the
+// general path.
+template <class E, bool kVector, bool kTrans, int BM, int BN, bool kLean>
 __global__ void __launch_bounds__(BM * 2, kMinBlocks<BM, BN>)
     implicit_gemm_kernel(const std::int32_t* __restrict__ map, const std::int32_t* __restrict__ order,
                          std::int64_t n_dst, std::int64_t kernel_volume, const E* __restrict__ src,
@@ -190,9 +197,10 @@ __global__ void __launch_bounds__(BM * 2, kMinBlocks<BM, BN>)
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * BM;
   const int col0 = static_cast<int>(blockIdx.y) * BN;
   const int tile_rows = n_dst - row0 < BM ? static_cast<int>(n_dst - row0) : BM;  // >= 1
+  static_assert(!kLean || kVector, "the lean path copies 16-byte vectors");
   const E zero = from_f32<E>(0.0f);
-  const bool mask_all = kernel_volume > 32 * kMaskWords;
-  const bool cached = kernel_volume <= kMapCacheK;
+  const bool mask_all = !kLean && kernel_volume > 32 * kMaskWords;
+  const bool cached = kLean || kernel_volume <= kMapCacheK;
   const int kv = cached ? static_cast<int>(kernel_volume) : 0;
   const int mld = map_ld(cached ? kv : 1);
 
@@ -256,9 +264,59 @@ __global__ void __launch_bounds__(BM * 2, kMinBlocks<BM, BN>)
   static_assert(kBPer * kT * V == BK * BN, "B: whole vectors per thread");
   const std::int64_t per_offset = static_cast<std::int64_t>(c_src) * c_dst;
 
+  // The lean path's per-thread copy plan, the same in every stage: for each A vector its place in
+  // the stage, its map slot and its channel within the step; for each B vector its place in the
+  // stage, its element offset from the stage's weight base, and what bounds it.
+  int la_smem[kAPer], la_ch[kAPer];
+  int lb_smem[kBPer], lb_goff[kBPer], lb_step[kBPer];
+  bool lb_ok[kBPer];
+  if constexpr (kLean) {
+#pragma unroll
+    for (int t = 0; t < kAPer; ++t) {
+      const int idx = tid + t * kT;
+      la_smem[t] = (idx / (BK / V)) * S::lda + (idx % (BK / V)) * V;
+      la_ch[t] = (idx % (BK / V)) * V;
+    }
+#pragma unroll
+    for (int t = 0; t < kBPer; ++t) {
+      const int idx = tid + t * kT;
+      if constexpr (!kTrans) {  // B(r, c) = wk[(c0 + r) * c_dst + col0 + c]
+        const int r = idx / (BN / V), q = idx % (BN / V);
+        lb_smem[t] = r * S::ldb + q * V;
+        lb_goff[t] = r * c_dst + col0 + q * V;
+        lb_step[t] = r;
+        lb_ok[t] = col0 + q * V < c_dst;
+      } else {  // B(r, c) = wk[(col0 + c) * c_src + c0 + r]
+        const int c = idx / (BK / V), q = idx % (BK / V);
+        lb_smem[t] = c * S::ldbt + q * V;
+        lb_goff[t] = (col0 + c) * c_src + q * V;
+        lb_step[t] = q * V;
+        lb_ok[t] = col0 + c < c_dst;
+      }
+    }
+  }
+  const int per_offset32 = kLean ? c_src * c_dst : 0;  // < 2^31 on the lean path
+
   // Loads the stage (offset k, source channels c0..c0+BK) into buffer `buf`.
   auto issue = [&](int k, int c0, int buf) {
     E* as = stage_base + buf * S::stage_elems;
+    if constexpr (kLean) {
+      E* bs = as + S::a_elems;
+      const E* src_c0 = src + c0;
+#pragma unroll
+      for (int t = 0; t < kAPer; ++t) {
+        const std::int32_t v = arow_s[t] >= 0 ? smap[arow_s[t] + k] : -1;
+        const bool ok = v >= 0 && c0 + la_ch[t] < c_src;
+        cp_async16(as + la_smem[t], ok ? src_c0 + (v * c_src + la_ch[t]) : src, ok);
+      }
+      const E* wbase = w + (k * per_offset32 + (kTrans ? c0 : c0 * c_dst));
+#pragma unroll
+      for (int t = 0; t < kBPer; ++t) {
+        const bool ok = lb_ok[t] && c0 + lb_step[t] < c_src;
+        cp_async16(bs + lb_smem[t], ok ? wbase + lb_goff[t] : w, ok);
+      }
+      return;
+    }
     E* bs = as + S::a_elems;
 #pragma unroll
     for (int t = 0; t < kAPer; ++t) {
@@ -648,7 +706,7 @@ void check_edges_for_map(const RelationView& rel, const std::int32_t* map) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-template <class E, bool kVector, bool kTrans, int BM, int BN>
+template <class E, bool kVector, bool kTrans, int BM, int BN, bool kLean>
 void launch_tile(const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst, std::int64_t kernel_volume,
                  const E* src, std::int64_t c_src, const E* w, std::int64_t c_dst, const E* bias, E* dst, int device,
                  cudaStream_t s) {
@@ -657,7 +715,7 @@ void launch_tile(const std::int32_t* map, const std::int32_t* order, std::int64_
   check_grid(rt, ct);
   const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ct));
   const int bytes = S::main_bytes + S::map_bytes(static_cast<int>(std::min<std::int64_t>(kernel_volume, 1 << 20)));
-  auto kernel = implicit_gemm_kernel<E, kVector, kTrans, BM, BN>;
+  auto kernel = implicit_gemm_kernel<E, kVector, kTrans, BM, BN, kLean>;
   // The dynamic shared-memory limit is an attribute of this kernel in the current device's
   // context: raised once per device (to the largest size any kernel volume asks for).
   static std::atomic<std::uint64_t> raised{0};
@@ -672,18 +730,27 @@ void launch_tile(const std::int32_t* map, const std::int32_t* order, std::int64_
   LATTICE_CUDA_CHECK_LAUNCH();
 }
 
-template <class E, bool kVector, bool kTrans>
+template <class E, bool kVector, bool kTrans, bool kLean>
 void launch_shape(int bm, int bn, const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst,
                   std::int64_t kernel_volume, const E* src, std::int64_t c_src, const E* w, std::int64_t c_dst,
                   const E* bias, E* dst, int device, cudaStream_t s) {
   if (bm == 64 && bn == 64)
-    launch_tile<E, kVector, kTrans, 64, 64>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+    launch_tile<E, kVector, kTrans, 64, 64, kLean>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
   else if (bm == 64)
-    launch_tile<E, kVector, kTrans, 64, 128>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+    launch_tile<E, kVector, kTrans, 64, 128, kLean>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
   else if (bn == 64)
-    launch_tile<E, kVector, kTrans, 128, 64>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+    launch_tile<E, kVector, kTrans, 128, 64, kLean>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
   else
-    launch_tile<E, kVector, kTrans, 128, 128>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+    launch_tile<E, kVector, kTrans, 128, 128, kLean>(map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+}
+
+// The lean copy path (see implicit_gemm_kernel) only with LATTICE_IGEMM_LEAN=1, until a GPU run
+// has checked and timed it: a measurement switch for the in-process A/B of docs/performance.md
+// ("implicit_gemm_sm80, lean stage copies"), read per call (a getenv per launch) so one process
+// can alternate the two paths.
+bool lean_enabled() {
+  const char* v = std::getenv("LATTICE_IGEMM_LEAN");
+  return v && v[0] == '1';
 }
 
 // dst = gather-GEMM over the map (see implicit_gemm_kernel); picks the 16-byte path when every
@@ -692,8 +759,9 @@ void launch_shape(int bm, int bn, const std::int32_t* map, const std::int32_t* o
 // per row tile instead of once per 64 channels).
 template <class E, bool kTrans>
 void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, std::int64_t n_dst,
-                          std::int64_t kernel_volume, std::int64_t n_edges, const E* src, std::int64_t c_src,
-                          const E* w, std::int64_t c_dst, const E* bias, E* dst, int device, cudaStream_t s) {
+                          std::int64_t n_src, std::int64_t kernel_volume, std::int64_t n_edges, const E* src,
+                          std::int64_t c_src, const E* w, std::int64_t c_dst, const E* bias, E* dst, int device,
+                          cudaStream_t s) {
   LATTICE_ASSERT(c_src < (std::int64_t{1} << 31) && c_dst < (std::int64_t{1} << 31),
                  "conv implicit_gemm_sm80: channel counts must be below 2^31");
   const bool vec = c_src % kVec<E> == 0 && c_dst % kVec<E> == 0 && aligned16(src) && aligned16(w) && aligned16(dst);
@@ -704,10 +772,17 @@ void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, st
   const std::int64_t kv_eff = std::min<std::int64_t>(kernel_volume, kMapCacheK);
   const int bm = 2 * n_edges >= n_dst * kv_eff ? 128 : 64;
   const int bn = c_dst > 64 ? 128 : 64;
-  if (vec)
-    launch_shape<E, true, kTrans>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  // The lean path: 16-byte copies, the map rows in shared memory, and every offset it forms
+  // (including those of out-of-range vectors, whose copies it skips) below 2^31.
+  constexpr std::int64_t kI32 = std::int64_t{1} << 31;
+  const bool lean = vec && kernel_volume <= kMapCacheK && (n_src + 1) * (c_src + 64) < kI32 &&
+                    (kernel_volume + 1) * (c_src + 128) * (c_dst + 128) < kI32 && lean_enabled();
+  if (lean)
+    launch_shape<E, true, kTrans, true>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+  else if (vec)
+    launch_shape<E, true, kTrans, false>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
   else
-    launch_shape<E, false, kTrans>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
+    launch_shape<E, false, kTrans, false>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
 }
 
 template <class E, bool kVector, int T>
@@ -747,7 +822,7 @@ void forward(const ConvArgs& a) {
   // The forward does not read the count: the tile shape takes it when the relation knows it (a
   // hint or an earlier count), else assumes a sparse scan.
   const std::int64_t edges_hint = rel.n_edges > 0 ? rel.n_edges : (rel.known_edges > 0 ? rel.known_edges : 0);
-  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.kernel_volume, edges_hint, static_cast<const E*>(a.x), a.c_in,
+  launch_implicit_gemm<E, false>(map, order, rel.n_out, rel.n_in, rel.kernel_volume, edges_hint, static_cast<const E*>(a.x), a.c_in,
                                  static_cast<const E*>(a.w), a.c_out, static_cast<const E*>(a.bias),
                                  static_cast<E*>(a.y), a.device.index, s);
 }
@@ -774,7 +849,7 @@ void input_grad(const ConvArgs& a) {
     order = nullptr;
   }
   // Source dy (C_out channels), destination dx (C_in), B_k = W[k]^T.
-  launch_implicit_gemm<E, true>(map, order, rel.n_in, rel.kernel_volume, rel.n_edges, static_cast<const E*>(a.dy),
+  launch_implicit_gemm<E, true>(map, order, rel.n_in, rel.n_out, rel.kernel_volume, rel.n_edges, static_cast<const E*>(a.dy),
                                 a.c_out, static_cast<const E*>(a.w), a.c_in, nullptr, static_cast<E*>(a.dx), a.device.index, s);
 }
 
