@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -436,6 +437,105 @@ TEST(CudaConv, ImplicitGemmSm80Unaligned) {
   check_route(RouteId::conv_implicit_gemm_sm80, Dtype::f16, false, {Channels{64, 64}, Channels{16, 72}},
               implicit_gemm_cases(), 1);
   check_route(RouteId::conv_implicit_gemm_sm80, Dtype::f32, true, {Channels{32, 8}}, cases(), 1);
+}
+
+// The lean stage-copy path of implicit_gemm_sm80 (LATTICE_IGEMM_LEAN=1; off by default until a GPU
+// run has timed it): the same parity checks as the fast-path tests, and the same bits as the general
+// path for the forward and the input gradient (the copies are the same; only their addressing
+// differs). Sets the variable for the test's duration and restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// Forward (with bias) and input gradient of `id` on every case and channel pair, with
+// LATTICE_IGEMM_LEAN set to `lean`.
+std::vector<Array> implicit_gemm_outputs(Dtype dt, bool allow_tf32, const char* lean,
+                                         const std::vector<Channels>& channels, const std::vector<Case>& case_list) {
+  const ScopedEnv env("LATTICE_IGEMM_LEAN", lean);
+  const ConvKernels* gpu = backend::find_conv_kernels(RouteId::conv_implicit_gemm_sm80);
+  std::vector<Array> outs;
+  std::mt19937 rng(99);
+  for (const Case& c : case_list) {
+    const Relation& r = *c.rel;
+    const Views dev = views_on(r, kGpu);
+    for (const Channels ch : channels) {
+      const Array x = random_array({r.n_in, ch.c_in}, dt, rng).to(kGpu);
+      const Array w = random_array({r.kernel_volume, ch.c_in, ch.c_out}, dt, rng).to(kGpu);
+      const Array bias = random_array({ch.c_out}, dt, rng).to(kGpu);
+      const Array dy = random_array({r.n_out, ch.c_out}, dt, rng).to(kGpu);
+      ConvArgs a;
+      a.dtype = dt;
+      a.rel = dev.view(r, true);
+      a.c_in = ch.c_in;
+      a.c_out = ch.c_out;
+      a.x = x.raw_data();
+      a.w = w.raw_data();
+      a.dy = dy.raw_data();
+      a.bias = bias.raw_data();
+      a.device = kGpu;
+      a.allow_tf32 = allow_tf32;
+      outs.push_back(Array::empty({r.n_out, ch.c_out}, dt, kGpu));
+      a.y = outs.back().raw_data();
+      gpu->forward(a);
+      outs.push_back(Array::empty({r.n_in, ch.c_in}, dt, kGpu));
+      a.dx = outs.back().raw_data();
+      gpu->input_grad(a);
+    }
+  }
+  return outs;
+}
+
+void check_lean(Dtype dt, bool allow_tf32) {
+  const std::vector<Channels> channels = implicit_gemm_channels();
+  std::vector<Case> case_list = implicit_gemm_cases();
+  // A full 12^3 block (~23 of 27 offsets per row): the 128-row tiles.
+  std::vector<std::int32_t> cube;
+  for (std::int32_t i = 0; i < 12; ++i)
+    for (std::int32_t j = 0; j < 12; ++j)
+      for (std::int32_t k = 0; k < 12; ++k) cube.insert(cube.end(), {0, i, j, k});
+  auto block = CoordinateSet::create(Array::from_vector<std::int32_t>(cube, {12 * 12 * 12, 4}), {1, 1, 1});
+  case_list.push_back(
+      {"full_block_k3", block->relation(RelationKind::submanifold, spec_of(3, 1), nullptr, "test").relation});
+  {
+    const ScopedEnv env("LATTICE_IGEMM_LEAN", "1");
+    check_route(RouteId::conv_implicit_gemm_sm80, dt, allow_tf32, channels, case_list);
+  }
+  const std::vector<Array> lean = implicit_gemm_outputs(dt, allow_tf32, "1", channels, case_list);
+  const std::vector<Array> general = implicit_gemm_outputs(dt, allow_tf32, "0", channels, case_list);
+  ASSERT_EQ(lean.size(), general.size());
+  for (std::size_t i = 0; i < lean.size(); ++i)
+    EXPECT_TRUE(same_bytes(lean[i], general[i])) << "output " << i << " (" << (i % 2 ? "input_grad" : "forward")
+                                                 << "): the lean and general paths differ";
+}
+
+TEST(CudaConv, ImplicitGemmSm80LeanF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_lean(Dtype::f16, false);
+}
+TEST(CudaConv, ImplicitGemmSm80LeanBF16) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_lean(Dtype::bf16, false);
+}
+TEST(CudaConv, ImplicitGemmSm80LeanTF32) {
+  SKIP_UNLESS_RUNNABLE(RouteId::conv_implicit_gemm_sm80);
+  check_lean(Dtype::f32, true);
 }
 
 // Small enough to finish under compute-sanitizer --tool racecheck in seconds (the other tests take
