@@ -198,6 +198,22 @@ struct Channels {
   std::int64_t c_in, c_out;
 };
 
+// The arguments of one conv call on `device`, outputs and bias unset.
+ConvArgs conv_args(Dtype dt, const RelationView& rel, Channels ch, const void* x, const void* w, const void* dy,
+                   Device device = Device::cpu(), bool allow_tf32 = false) {
+  ConvArgs a;
+  a.dtype = dt;
+  a.rel = rel;
+  a.c_in = ch.c_in;
+  a.c_out = ch.c_out;
+  a.x = x;
+  a.w = w;
+  a.dy = dy;
+  a.device = device;
+  a.allow_tf32 = allow_tf32;
+  return a;
+}
+
 // A device copy of `a` starting `shift` elements past a fresh allocation (shift 1: not 16-byte
 // aligned), kept alive by `keep`.
 const void* shifted_on_gpu(const Array& a, std::int64_t shift, Array& keep) {
@@ -252,14 +268,7 @@ void check_route(RouteId id, Dtype dt, bool allow_tf32,
       const Array bd = bias.to(kGpu);
 
       // CPU reference.
-      ConvArgs ref;
-      ref.dtype = dt;
-      ref.rel = host.view(r, false);
-      ref.c_in = ch.c_in;
-      ref.c_out = ch.c_out;
-      ref.x = x.raw_data();
-      ref.w = w.raw_data();
-      ref.dy = dy.raw_data();
+      ConvArgs ref = conv_args(dt, host.view(r, false), ch, x.raw_data(), w.raw_data(), dy.raw_data());
       Array y_ref = Array::empty({r.n_out, ch.c_out}, dt);
       Array yb_ref = Array::empty({r.n_out, ch.c_out}, dt);
       Array dx_ref = Array::empty({r.n_in, ch.c_in}, dt);
@@ -286,16 +295,7 @@ void check_route(RouteId id, Dtype dt, bool allow_tf32,
 
       // Two GPU runs of every pass.
       auto run = [&](bool with_map) {
-        ConvArgs a;
-        a.dtype = dt;
-        a.rel = dev.view(r, with_map);
-        a.c_in = ch.c_in;
-        a.c_out = ch.c_out;
-        a.x = xp;
-        a.w = wp;
-        a.dy = dyp;
-        a.device = kGpu;
-        a.allow_tf32 = allow_tf32;
+        ConvArgs a = conv_args(dt, dev.view(r, with_map), ch, xp, wp, dyp, kGpu, allow_tf32);
         std::vector<Array> outs{Array::empty({r.n_out, ch.c_out}, dt, kGpu),
                                 Array::empty({r.n_out, ch.c_out}, dt, kGpu),
                                 Array::empty({r.n_in, ch.c_in}, dt, kGpu),
@@ -480,17 +480,8 @@ std::vector<Array> implicit_gemm_outputs(Dtype dt, bool allow_tf32, const char* 
       const Array w = random_array({r.kernel_volume, ch.c_in, ch.c_out}, dt, rng).to(kGpu);
       const Array bias = random_array({ch.c_out}, dt, rng).to(kGpu);
       const Array dy = random_array({r.n_out, ch.c_out}, dt, rng).to(kGpu);
-      ConvArgs a;
-      a.dtype = dt;
-      a.rel = dev.view(r, true);
-      a.c_in = ch.c_in;
-      a.c_out = ch.c_out;
-      a.x = x.raw_data();
-      a.w = w.raw_data();
-      a.dy = dy.raw_data();
+      ConvArgs a = conv_args(dt, dev.view(r, true), ch, x.raw_data(), w.raw_data(), dy.raw_data(), kGpu, allow_tf32);
       a.bias = bias.raw_data();
-      a.device = kGpu;
-      a.allow_tf32 = allow_tf32;
       outs.push_back(Array::empty({r.n_out, ch.c_out}, dt, kGpu));
       a.y = outs.back().raw_data();
       gpu->forward(a);

@@ -775,8 +775,9 @@ void launch_implicit_gemm(const std::int32_t* map, const std::int32_t* order, st
   // The lean path: 16-byte copies, the map rows in shared memory, and every offset it forms
   // (including those of out-of-range vectors, whose copies it skips) below 2^31.
   constexpr std::int64_t kI32 = std::int64_t{1} << 31;
-  const bool lean = vec && kernel_volume <= kMapCacheK && (n_src + 1) * (c_src + 64) < kI32 &&
-                    (kernel_volume + 1) * (c_src + 128) * (c_dst + 128) < kI32 && lean_enabled();
+  // (as quotients: the products themselves could pass int64 for huge inputs)
+  const bool lean = vec && kernel_volume <= kMapCacheK && n_src + 1 < kI32 / (c_src + 64) &&
+                    c_src + 128 < kI32 / (kernel_volume + 1) / (c_dst + 128) && lean_enabled();
   if (lean)
     launch_shape<E, true, kTrans, true>(bm, bn, map, order, n_dst, kernel_volume, src, c_src, w, c_dst, bias, dst, device, s);
   else if (vec)
